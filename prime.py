@@ -1,0 +1,419 @@
+"""PRIME's equations as small, pure tensor functions.
+
+PRIME (Process Reinforcement through IMplicit rEwards, arXiv 2502.01456) turns outcome labels into
+dense token rewards. Everything it adds to plain RL is in this file; `train.py` calls these functions
+in the order of the paper's Algorithm 1:
+
+    1. sample K = n_samples responses per prompt, verify them      -> outcome r_o in [0, 1]
+    2. keep prompt groups whose mean accuracy is in [0.2, 0.8]     -> keep_groups
+    3. implicit process reward r_phi(y_t) (Eq. 3)                  -> implicit_process_reward
+    4. update the implicit PRM on outcome labels (CE, Alg. 1 l. 8) -> prm_ce_loss / prm_dpo_loss
+    5. advantages from both reward sources (Eq. 5)                 -> rloo_advantage (+ whiten)
+    6. PPO clipped surrogate (Eq. 6)                               -> ppo_clip_loss
+
+Conventions, used by every function:
+- Tensors are (B, T) over RESPONSE tokens only (the prompt is cut off), right-padded.
+- `mask` is 1 on valid response tokens, EOS included (the official code's mask runs up to and
+  including the first EOS), 0 on padding. Functions return exactly 0 wherever mask is 0.
+- The K = `n_samples` responses of one prompt are contiguous rows: rows [g*K, (g+1)*K) are group g.
+- `outcome` is (B,) in [0, 1]: 0/1 for math, the fraction of tests passed for code.
+
+Where the official code (PRIME-RL/PRIME `training/`, and veRL's PRIME recipe) differs from the paper,
+the function offers both and its docstring says which is which; see ../shared/specs/PRIME.md.
+Torch only: no model, no I/O.
+"""
+
+import torch
+import torch.nn.functional as F
+
+# ---------------------------------------------------------------------------------------------------
+# Small masked helpers
+# ---------------------------------------------------------------------------------------------------
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    """Mean of x over positions where mask == 1 (0 where there are none)."""
+    mask = mask.to(x.dtype)
+    total = (x * mask).sum() if dim is None else (x * mask).sum(dim)
+    count = mask.sum() if dim is None else mask.sum(dim)
+    return total / count.clamp(min=1)
+
+
+def reverse_cumsum(x: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """Discounted return-to-go along the last dim: out[t] = sum_{s >= t} gamma^(s - t) x[s].
+
+    `x` must already be 0 on padding: with right padding the trailing zeros then add nothing.
+    """
+    if gamma == 1.0:
+        return x.flip(-1).cumsum(-1).flip(-1)
+    out = torch.zeros_like(x)
+    running = torch.zeros_like(x[..., 0])
+    for t in range(x.shape[-1] - 1, -1, -1):  # a scan over positions, vectorised over the batch
+        running = x[..., t] + gamma * running
+        out[..., t] = running
+    return out
+
+
+def _check_groups(batch_size: int, n_samples: int, needs_two: bool = True) -> None:
+    if n_samples < 1 or batch_size % n_samples != 0:
+        raise ValueError(f"batch of {batch_size} responses is not a whole number of groups of "
+                         f"n_samples={n_samples}")
+    if needs_two and n_samples < 2:
+        raise ValueError(f"n_samples={n_samples}: a leave-one-out / group baseline needs at least "
+                         "2 responses per prompt")
+
+
+def _last_token_mask(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) one-hot of each row's last valid token (all-zero for an empty row)."""
+    lengths = mask.long().sum(-1)  # (B,)
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    return (positions[None, :] == (lengths - 1)[:, None]) & (lengths[:, None] > 0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Log-probabilities without a (B, T, V) float32 log-softmax
+# ---------------------------------------------------------------------------------------------------
+
+
+class _TokenLogprob(torch.autograd.Function):
+    """log p(label) = logit[label] - logsumexp(logits), computed and differentiated in row chunks.
+
+    A plain `log_softmax(logits.float())` materialises a float32 (B, T, V) tensor and autograd keeps
+    it for backward: for (8, 4096, 152064) that is 20 GB on top of the logits. Here the forward keeps
+    only the per-token logsumexp (B*T floats) and the backward recomputes softmax one chunk at a time:
+        d log p(y) / d logit_v = (1[v == y] - softmax(logits / temperature)_v) / temperature.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature, chunk_rows):
+        flat = logits.reshape(-1, logits.shape[-1])  # (N, V), N = B*T
+        flat_labels = labels.reshape(-1)
+        logsumexp = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+        picked = torch.empty_like(logsumexp)
+        for start in range(0, flat.shape[0], chunk_rows):
+            end = start + chunk_rows
+            rows = flat[start:end].float().div_(temperature)  # (chunk, V) float32, the only big temporary
+            logsumexp[start:end] = torch.logsumexp(rows, dim=-1)
+            picked[start:end] = rows.gather(-1, flat_labels[start:end, None]).squeeze(-1)
+        ctx.save_for_backward(logits, labels, logsumexp)
+        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+        return (picked - logsumexp).reshape(labels.shape)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        logits, labels, logsumexp = ctx.saved_tensors
+        flat = logits.reshape(-1, logits.shape[-1])
+        flat_labels = labels.reshape(-1)
+        scale = grad_out.reshape(-1).float() / ctx.temperature  # (N,)
+        grad = torch.empty_like(flat)
+        for start in range(0, flat.shape[0], ctx.chunk_rows):
+            end = start + ctx.chunk_rows
+            g = flat[start:end].float().div_(ctx.temperature)
+            g.sub_(logsumexp[start:end, None]).exp_().neg_()  # -softmax, in place
+            g.scatter_add_(-1, flat_labels[start:end, None], torch.ones_like(g[:, :1]))
+            grad[start:end] = g.mul_(scale[start:end, None])
+        return grad.reshape(logits.shape), None, None, None
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
+                   chunk_elements: int = 2**24) -> torch.Tensor:
+    """Log-probability of each label token: log softmax(logits / temperature)[label].
+
+    Shapes: logits (B, T, V) in any float dtype, labels (B, T) int -> (B, T) float32.
+    `logits[:, t]` must be the prediction for `labels[:, t]` (shift before calling).
+    Memory: never builds a full (B, T, V) float32 log-softmax; it works on chunks of whole rows of
+    about `chunk_elements` float32 values (64 MB by default), in forward and backward. Equal to the
+    naive log_softmax + gather to float32 round-off.
+    `temperature` divides the logits, as the sampler did, so the log-probs are those of the
+    distribution the tokens were actually drawn from (veRL does the same).
+    """
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree")
+    chunk_rows = max(1, chunk_elements // logits.shape[-1])
+    return _TokenLogprob.apply(logits, labels.long(), float(temperature), chunk_rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Implicit process reward (Sec. 3.1, Eq. 3)
+# ---------------------------------------------------------------------------------------------------
+
+
+def implicit_process_reward(logp_prm: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor,
+                            beta: float) -> torch.Tensor:
+    """Eq. 3: r_phi(y_t) = beta * log( pi_phi(y_t | y_<t) / pi_ref(y_t | y_<t) ).
+
+    Shapes: (B, T) each -> (B, T), exactly 0 on padding (whatever the padded log-probs hold).
+    Paper: multiplied by beta (0.05). Official code: the POLICY's reward is the raw log-ratio, then
+    `normalize_process_reward` rescales the batch, so beta only matters inside the PRM loss. Pass
+    beta=1.0 and call `normalize_process_reward` for the official behaviour.
+    At initialisation the PRM equals the reference, so every reward is exactly 0.
+    """
+    return torch.where(mask.bool(), beta * (logp_prm - logp_ref), torch.zeros_like(logp_prm))
+
+
+def normalize_process_reward(reward: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Official "prime_norm: batch_norm": r <- r / (max_{i,t} |sum_{s >= t} r_{i,s}| + 1e-6).
+
+    One scalar for the whole batch (per GPU in the official code), chosen so that the largest
+    process return-to-go becomes 1: it keeps the process term on the scale of the 0/1 outcome term
+    whatever beta and the PRM's drift. Not in the paper. Shapes: (B, T) -> (B, T), 0 on padding.
+    """
+    reward = torch.where(mask.bool(), reward, torch.zeros_like(reward))
+    return reward / (reverse_cumsum(reward).abs().max() + 1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Implicit PRM losses (Algorithm 1 line 8; Appendix C.2)
+# ---------------------------------------------------------------------------------------------------
+
+
+def sequence_reward(logp_prm: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor,
+                    beta: float) -> torch.Tensor:
+    """r_phi(y) = beta * sum_t log(pi_phi / pi_ref): the PRM's outcome logit, (B, T) -> (B,)."""
+    return implicit_process_reward(logp_prm, logp_ref, mask, beta).sum(-1)
+
+
+def prm_ce_loss(logp_prm: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor,
+                outcome: torch.Tensor, beta: float) -> torch.Tensor:
+    """Algorithm 1 line 8, the online PRM's cross-entropy:
+
+        L_CE(phi) = -E[ r_o log sigmoid(r_phi(y)) + (1 - r_o) log(1 - sigmoid(r_phi(y))) ],
+        r_phi(y) = beta * sum_t log(pi_phi(y_t|y_<t) / pi_ref(y_t|y_<t)).
+
+    Shapes: (B, T) log-probs, (B,) outcome in [0, 1] (soft labels, e.g. a code pass fraction, are
+    allowed) -> scalar, mean over the batch. As in the official code the sum runs over all valid
+    tokens (EOS included) of the RAW log-ratio, never the normalised policy reward. Computed with
+    `binary_cross_entropy_with_logits` (stable for large |r_phi|). At initialisation r_phi = 0 and the
+    loss is ln 2 whatever the labels.
+    """
+    logits = sequence_reward(logp_prm, logp_ref, mask, beta)
+    return F.binary_cross_entropy_with_logits(logits, outcome.to(logits.dtype))
+
+
+def prm_dpo_loss(logp_prm: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor,
+                 outcome: torch.Tensor, beta: float, n_samples: int) -> torch.Tensor:
+    """Appendix C.2's DPO variant of the PRM loss, as veRL's PRIME recipe implements it.
+
+    For response i with Q_i = r_phi(y^i) (= beta * sum_t log-ratio), compare with the mean Q of the
+    responses of the SAME group that have the opposite label:
+        correct (r_o > 0):  others = {j : r_o^j < r_o^i},  loss_i = -log sigmoid(Q_i - mean Q_others)
+        wrong   (r_o = 0):  others = {j : r_o^j > r_o^i},  loss_i = -log sigmoid(mean Q_others - Q_i)
+    With no opposite response in the group, mean Q_others := 0 (veRL). The others' Q is detached, as
+    in veRL, where each micro-batch sees only part of a group. Returns the batch mean, a scalar.
+    The paper finds DPO and CE equal in accuracy (32.4 vs 32.3) and keeps CE for memory.
+    """
+    _check_groups(outcome.shape[0], n_samples, needs_two=False)
+    q = sequence_reward(logp_prm, logp_ref, mask, beta).view(-1, n_samples)  # (G, K)
+    acc = outcome.to(q.dtype).view(-1, n_samples)                             # (G, K)
+    correct = acc > 0
+    # opposite[g, i, j]: response j of group g has the opposite label to response i
+    opposite = torch.where(correct[:, :, None], acc[:, None, :] < acc[:, :, None],
+                           acc[:, None, :] > acc[:, :, None])
+    q_others = q.detach()[:, None, :].expand_as(opposite)
+    other_mean = (q_others * opposite).sum(-1) / opposite.sum(-1).clamp(min=1)  # 0 if none
+    sign = correct.to(q.dtype) * 2 - 1
+    return -F.logsigmoid(sign * (q - other_mean)).mean()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Advantage estimators (Sec. 3.2 Eq. 5; Appendix B.3; Sec. 5.4)
+# ---------------------------------------------------------------------------------------------------
+
+
+def _outcome_rloo(outcome: torch.Tensor, n_samples: int) -> torch.Tensor:
+    """r_o(y^i) - 1/(K-1) sum_{j != i} r_o(y^j), per group, (B,) -> (B,)."""
+    groups = outcome.view(-1, n_samples)
+    others_mean = (groups.sum(-1, keepdim=True) - groups) / (n_samples - 1)
+    return (groups - others_mean).reshape(-1)
+
+
+def rloo_advantage(process_reward, outcome: torch.Tensor, mask: torch.Tensor, n_samples: int,
+                   gamma: float = 1.0, form: str = "paper") -> torch.Tensor:
+    """Eq. 5, RLOO with implicit process rewards plus RLOO with outcome rewards:
+
+        A^i_t = sum_{s=t}^{|y^i|} gamma^(s-t) [ r_phi(y^i_s) - 1/(K-1) sum_{j!=i} mean_s' r_phi(y^j_s') ]
+              + [ r_o(y^i) - 1/(K-1) sum_{j!=i} r_o(y^j) ]
+
+    Shapes: process_reward (B, T) or None (outcome-only RLOO, the paper's baseline), outcome (B,),
+    mask (B, T) -> (B, T) unwhitened returns, 0 on padding. Each source gets its own baseline and
+    return, then they are added 1:1 ("computed separately to avoid numerical instability").
+
+    form="paper": the equation literally; the outcome term is the same at every token.
+    form="official": PRIME's `compute_rloo_returns` (= veRL `masked_rloo`). Per source,
+        r'_{i,t} = r_{i,t} * K/(K-1) - (sum_j m_j)/(K-1),  m_j = masked mean of r_j over its tokens,
+    the outcome sitting on the last valid token. Expanded, the process part is
+        r'_{i,t} = [r_{i,t} - mean_{j!=i} m_j] + (r_{i,t} - m_i)/(K-1),
+    the paper's bracket plus a term that sums to zero over each response: per-response sums of
+    process reward agree with the paper, token values differ. The outcome's return is discounted
+    from the last token (gamma^(L-1-t)); with gamma = 1 (the paper's runs) both forms' outcome terms
+    are identical.
+    """
+    if form not in ("paper", "official"):
+        raise ValueError(f"form must be 'paper' or 'official', got {form!r}")
+    _check_groups(outcome.shape[0], n_samples)
+    valid = mask.bool()
+    outcome = outcome.to(torch.float32)
+    outcome_adv = _outcome_rloo(outcome, n_samples)  # (B,)
+    if form == "paper":
+        returns = outcome_adv[:, None].expand(mask.shape).clone()
+    else:
+        returns = reverse_cumsum(outcome_adv[:, None] * _last_token_mask(mask), gamma)
+    if process_reward is not None:
+        r = torch.where(valid, process_reward.to(torch.float32), torch.zeros_like(returns))
+        m = masked_mean(r, mask, dim=-1).view(-1, n_samples)  # (G, K) per-response mean reward
+        others_mean = ((m.sum(-1, keepdim=True) - m) / (n_samples - 1)).reshape(-1)  # (B,)
+        shaped = r - others_mean[:, None]
+        if form == "official":
+            shaped = shaped + (r - m.reshape(-1)[:, None]) / (n_samples - 1)
+        returns = returns + reverse_cumsum(torch.where(valid, shaped, torch.zeros_like(shaped)), gamma)
+    return torch.where(valid, returns, torch.zeros_like(returns))
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Official global whitening: (x - mean) / sqrt(var + 1e-8) over ALL valid tokens of the batch.
+
+    var is the unbiased (n - 1) variance, as in veRL's `masked_whiten`. (B, T) -> (B, T), 0 on padding.
+    Not in the paper's equations, but applied to every advantage in the official runs.
+    """
+    valid = mask.bool()
+    n = valid.sum()
+    mean = masked_mean(x, mask)
+    var = (((x - mean) ** 2) * valid).sum() / (n - 1).clamp(min=1)
+    return torch.where(valid, (x - mean) * torch.rsqrt(var + eps), torch.zeros_like(x))
+
+
+def grpo_advantage(process_reward, outcome: torch.Tensor, mask: torch.Tensor, n_samples: int,
+                   gamma: float = 1.0, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO (Shao et al. 2024) with optional implicit process rewards (paper Fig. 7 / Table 4).
+
+    Outcome part (GRPO's outcome supervision), the same at every token of response i:
+        A_o^i = (r_o^i - mean_g r_o) / (std_g r_o + eps)
+    Process part, DERIVED here (the seed's Appendix B.3 Eq. 7-8 lost its formula): the paper states
+    that GRPO's process baseline uses the mean and standard deviation of the group's response-averaged
+    process rewards m_j, so each token reward is standardised by those group statistics and summed
+    into a return, as in GRPO's process supervision:
+        A_p^i_t = sum_{s >= t} gamma^(s-t) (r_phi(y^i_s) - mean_g m) / (std_g m + eps)
+    std is the unbiased group std (torch.std, as veRL's GRPO). (B, T) -> (B, T), 0 on padding.
+    """
+    _check_groups(outcome.shape[0], n_samples)
+    valid = mask.bool()
+    groups = outcome.to(torch.float32).view(-1, n_samples)
+    outcome_adv = ((groups - groups.mean(-1, keepdim=True))
+                   / (groups.std(-1, keepdim=True) + eps)).reshape(-1)
+    adv = outcome_adv[:, None].expand(mask.shape).clone()
+    if process_reward is not None:
+        r = torch.where(valid, process_reward.to(torch.float32), torch.zeros_like(adv))
+        m = masked_mean(r, mask, dim=-1).view(-1, n_samples)
+        mean_g = m.mean(-1, keepdim=True).expand_as(m).reshape(-1)
+        std_g = m.std(-1, keepdim=True).expand_as(m).reshape(-1)
+        z = torch.where(valid, (r - mean_g[:, None]) / (std_g[:, None] + eps), torch.zeros_like(r))
+        adv = adv + reverse_cumsum(z, gamma)
+    return torch.where(valid, adv, torch.zeros_like(adv))
+
+
+def reinforce_advantage(process_reward, outcome: torch.Tensor, mask: torch.Tensor,
+                        gamma: float = 1.0) -> torch.Tensor:
+    """REINFORCE (Williams 1992) with optional implicit process rewards (paper Fig. 7 / Table 4).
+
+    No baseline: the advantage is the return of the combined reward,
+        A^i_t = r_o(y^i) + sum_{s >= t} gamma^(s-t) r_phi(y^i_s)
+    DERIVED (the seed's Appendix B.3 lost the formula): Eq. 5 with its leave-one-out baselines
+    removed. Variance reduction then comes only from the global `whiten` applied by train.py, as
+    in veRL's REINFORCE++. (B, T) -> (B, T), 0 on padding.
+    """
+    valid = mask.bool()
+    adv = outcome.to(torch.float32)[:, None].expand(mask.shape).clone()
+    if process_reward is not None:
+        r = torch.where(valid, process_reward.to(torch.float32), torch.zeros_like(adv))
+        adv = adv + reverse_cumsum(r, gamma)
+    return torch.where(valid, adv, torch.zeros_like(adv))
+
+
+def prm_value_advantage(process_reward: torch.Tensor, outcome: torch.Tensor, mask: torch.Tensor,
+                        gamma: float = 1.0) -> torch.Tensor:
+    """Sec. 5.4: the implicit PRM as a VALUE model instead of a reward model (worse: 36.6 vs 37.8).
+
+    Yuan et al.'s implicit PRM gives the Q-value of a prefix in closed form,
+        q_t = sum_{i <= t} r_phi(y_i),
+    so the value of the state before token t is V(y_<t) = q_{t-1} (V = 0 before the first token).
+    Used as the baseline of the outcome return, with GAE lambda = 1 (DERIVED: the seed gives no
+    formula; this is the Monte-Carlo advantage of a critic, as PPO with lambda = 1 computes it):
+        A_t = gamma^(L-1-t) r_o - V(y_<t)
+    `process_reward` is the raw r_phi (beta-scaled, not normalised): its sum is the PRM's estimate
+    of the outcome logit. (B, T) -> (B, T), 0 on padding.
+    """
+    valid = mask.bool()
+    r = torch.where(valid, process_reward.to(torch.float32), torch.zeros_like(process_reward,
+                                                                              dtype=torch.float32))
+    value_before = r.cumsum(-1) - r  # q_{t-1}
+    outcome_return = reverse_cumsum(outcome.to(torch.float32)[:, None] * _last_token_mask(mask), gamma)
+    adv = outcome_return - value_before
+    return torch.where(valid, adv, torch.zeros_like(adv))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Policy loss (Eq. 6)
+# ---------------------------------------------------------------------------------------------------
+
+
+def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
+                  mask: torch.Tensor, clip_eps: float = 0.2) -> torch.Tensor:
+    """Eq. 6, PPO's clipped surrogate, negated to be minimised and averaged over valid tokens:
+
+        L(theta) = -E_t[ min( rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t ) ],
+        rho_t = pi_theta(y_t|y_<t) / pi_theta_old(y_t|y_<t).
+
+    Shapes: (B, T) each -> scalar. Token-mean over the valid tokens of this (micro-)batch, as the
+    official code does (it then averages micro-batch losses over gradient-accumulation steps).
+    The min means: once rho_t leaves [1 - eps, 1 + eps] on the side the advantage pushes towards,
+    the token contributes no gradient. No KL or entropy term (the paper's run uses neither).
+    """
+    ratio = torch.exp(logp - logp_old)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    return masked_mean(-torch.minimum(unclipped, clipped), mask)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Online prompt filtering (Sec. 3.4) and the PRM accuracy diagnostic (Fig. 5)
+# ---------------------------------------------------------------------------------------------------
+
+
+def keep_groups(outcome: torch.Tensor, n_samples: int, low: float = 0.2,
+                high: float = 0.8) -> torch.Tensor:
+    """Online prompt filter: keep a prompt if low <= mean accuracy of its K responses <= high.
+
+    (B,) -> (G,) bool, G = B / K. Bounds inclusive, as the official code; a 1e-6 slack keeps
+    0.2 inclusive for K = 5 despite float round-off. For K = 4 the means are 0, .25, .5, .75, 1,
+    so [0.2, 0.8] drops exactly the all-wrong and all-right groups, whose RLOO outcome advantage is
+    0 anyway: filtering spends the batch on prompts that teach something.
+    """
+    _check_groups(outcome.shape[0], n_samples, needs_two=False)
+    mean = outcome.to(torch.float32).view(-1, n_samples).mean(-1)
+    return (mean >= low - 1e-6) & (mean <= high + 1e-6)
+
+
+def prm_pairwise_accuracy(sequence_score: torch.Tensor, outcome: torch.Tensor,
+                          n_samples: int) -> torch.Tensor:
+    """Fig. 5's PRM classification accuracy, as the official code computes it (`dpo_acc`).
+
+    Within each group, over pairs i < j, with d = score_i - score_j and a = acc_i - acc_j:
+        acc_g = sum_pairs [ (d > 0) == (a > 0) ] * |a|  /  sum_pairs |a|
+    (pairs with equal accuracy weigh 0); a group whose accuracies are all equal counts 0.5. The
+    result is the mean over groups, a 0-d tensor.
+    Note the official tie rule: a pair with EQUAL scores counts as right when a < 0 (the later
+    response is the better one), so at initialisation (all scores 0) the value depends on the order
+    of responses inside each group and is 0.5 only on average. `sequence_score` is sum_t r_phi (B,).
+    """
+    _check_groups(outcome.shape[0], n_samples, needs_two=False)
+    score = sequence_score.to(torch.float32).view(-1, n_samples)
+    acc = outcome.to(torch.float32).view(-1, n_samples)
+    d = score[:, :, None] - score[:, None, :]  # (G, K, K): d[g, i, j] = s_i - s_j
+    a = acc[:, :, None] - acc[:, None, :]
+    upper = torch.triu(torch.ones(n_samples, n_samples, dtype=torch.bool), diagonal=1)
+    weight = a.abs() * upper
+    agree = ((d > 0) == (a > 0)).to(torch.float32)
+    total = weight.sum((-1, -2))
+    per_group = torch.where(total > 0, (agree * weight).sum((-1, -2)) / total.clamp(min=1e-12),
+                            torch.full_like(total, 0.5))
+    return per_group.mean()
