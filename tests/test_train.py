@@ -1,0 +1,206 @@
+"""train.py end to end on CPU: the real entry point, the real tiny model, tiny budgets."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import toy_task
+import train
+from rollout import HFRollout
+
+REPO = Path(__file__).resolve().parents[1]
+SFT_STEPS = 300  # a short warmup: enough for the model to write the format, far from solving the task
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    """One SFT checkpoint shared by every test in the session (built once, a minute or so)."""
+    cache = tmp_path_factory.mktemp("cache")
+    toy_task.sft_checkpoint(cache, SFT_STEPS)
+    return cache
+
+
+def run_train(args, cache_dir, out_dir, timeout=600, torchrun=0):
+    cmd = [sys.executable, str(REPO / "train.py")]
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={torchrun}",
+               "--master_port", "29533", str(REPO / "train.py")]
+    cmd += ["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--out-dir", str(out_dir),
+            "--eval-problems", "16", "--prompts-per-step", "8", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def metrics_of(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(l).items() if k != "time"} for l in lines]
+
+
+def test_default_run_end_to_end(cache_dir, tmp_path):
+    proc = run_train(["--steps", "3", "--run-name", "smoke", "--save-every", "2"], cache_dir, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "smoke"
+    summary = json.loads((run / "summary.json").read_text())
+    for key in ("start_accuracy", "end_accuracy", "steps", "wall_seconds", "step_seconds"):
+        assert key in summary
+    assert set(summary["step_seconds"]) == {"rollout", "verify", "prm", "policy", "other"}
+    metrics = metrics_of(run)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(0.0 <= m["reward"] <= 1.0 for m in metrics)
+    assert (run / "curves.png").stat().st_size > 1000
+    episode = json.loads((run / "episodes.jsonl").read_text().splitlines()[0])
+    assert len(episode["tokens"]) == len(episode["process_reward"])
+    assert "held-out accuracy: start" in proc.stdout
+    from transformers import AutoModelForCausalLM
+    final = AutoModelForCausalLM.from_pretrained(run / "final")
+    start = AutoModelForCausalLM.from_pretrained(json.loads((run / "config.json").read_text())["model_path"])
+    moved = any(not torch.equal(a, b) for a, b in zip(final.state_dict().values(), start.state_dict().values()))
+    assert moved, "three PRIME steps left the policy's weights unchanged"
+
+
+def test_recomputed_old_logprobs_equal_the_samplers_on_left_padded_prompts(cache_dir):
+    path = toy_task.sft_checkpoint(cache_dir, SFT_STEPS)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    problems = toy_task.make_problems(6, seed=5)
+    prompts = [tokenizer(p.prompt)["input_ids"] for p in problems]
+    prompts[0] = prompts[0][-3:]  # very different lengths: heavy left padding
+    assert len({len(p) for p in prompts}) > 2
+    torch.manual_seed(0)
+    sampler = HFRollout(model, tokenizer, max_new_tokens=24, temperature=0.7)
+    ro = sampler.generate(prompts, n=2, return_logprobs=True)
+    assert ro.prompt_mask[:, 0].min() == 0  # some rows really are left-padded
+    recomputed = train.response_logprobs(model, ro, temperature=0.7)
+    mask = ro.response_mask.bool()
+    assert torch.allclose(recomputed[mask], ro.sampler_logprobs[mask], atol=1e-4)
+    assert ro.sampler_logprobs[mask].min() < -0.1  # some sampled tokens were not near-certain
+
+
+def test_kill_and_resume_gives_the_same_metrics(cache_dir, tmp_path):
+    args = ["--steps", "4", "--save-every", "2"]
+    full = run_train(args + ["--run-name", "full"], cache_dir, tmp_path)
+    assert full.returncode == 0, full.stderr[-3000:]
+
+    cmd = [sys.executable, str(REPO / "train.py"), "--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS),
+           "--out-dir", str(tmp_path), "--eval-problems", "16", "--prompts-per-step", "8",
+           "--run-name", "killed", *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = tmp_path / "killed" / "checkpoint" / "state.pt"
+    deadline = time.time() + 600
+    while not state.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert state.exists(), "the run never wrote its step-2 checkpoint"
+    resumed = run_train(args + ["--run-name", "killed", "--resume"], cache_dir, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed" in resumed.stdout
+    assert metrics_of(tmp_path / "killed") == metrics_of(tmp_path / "full")
+
+
+def test_torchrun_two_ranks_with_uneven_filtering(cache_dir, tmp_path):
+    """Rank 0 gets solvable toy problems, rank 1 gets problems whose gold answer the model can never
+    produce: the filter drops every rank-1 group, so ranks hold different numbers of micro-batches."""
+    problems = toy_task.make_problems(16, seed=3)
+    rows = []
+    for i, p in enumerate(problems):  # rank r takes prompts r, r + 2, ... of each step
+        rows.append({"q": p.prompt, "a": p.answer if i % 2 == 0 else "\\frac{1}{7}"})
+    data = tmp_path / "uneven.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows * 4))
+    proc = run_train(["--steps", "3", "--run-name", "ddp", "--data", str(data), "--prompt-key", "q",
+                      "--answer-key", "a", "--user-suffix", "", "--eval-problems", "2",
+                      "--prompts-per-step", "4", "--micro-batch-size", "2", "--filter-low", "0.0",
+                      "--filter-high", "0.8"], cache_dir, tmp_path, torchrun=2)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = metrics_of(tmp_path / "ddp")
+    assert len(metrics) == 3
+    assert any(m["kept_groups_per_rank"][0] != m["kept_groups_per_rank"][1] for m in metrics), metrics
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def expect_error(args, cache_dir, tmp_path, message):
+    proc = run_train(args, cache_dir, tmp_path, timeout=300)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-2000:]
+
+
+def test_unknown_model_path(cache_dir, tmp_path):
+    expect_error(["--model", str(tmp_path / "nope"), "--steps", "1"], cache_dir, tmp_path, "--model")
+
+
+def test_missing_data_field(cache_dir, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")
+    expect_error(["--data", str(data), "--steps", "1"], cache_dir, tmp_path, "no field 'problem'")
+
+
+def test_unparseable_answer_field(cache_dir, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"problem": "1+1\n", "answer": "\\frac{"}) + "\n" for _ in range(4)))
+    expect_error(["--data", str(data), "--steps", "1"], cache_dir, tmp_path, "do not verify against themselves")
+
+
+def test_n_samples_below_two_with_rloo(cache_dir, tmp_path):
+    expect_error(["--n-samples", "1", "--steps", "1"], cache_dir, tmp_path, "--n-samples 1")
+
+
+def test_batch_not_divisible_by_world_size():
+    args = train.Args(prompts_per_step=5)
+    with pytest.raises(SystemExit, match="not divisible by the world size 2"):
+        train.step_prompts(args, [], toy_task.build_tokenizer(), 0, train.Dist(rank=0, world=2))
+
+
+def test_micro_batch_plan_pads_short_ranks_with_zero_weight():
+    plan = train.micro_batches(5, 2, 4)
+    assert plan == [(slice(0, 2), 1.0), (slice(2, 4), 1.0), (slice(4, 5), 1.0), (slice(0, 2), 0.0)]
+
+
+def test_memory_estimate_refuses_a_7b_model_on_an_80gb_gpu(cache_dir, tmp_path):
+    """A config-only folder is enough: the estimate is made before any weight is loaded."""
+    from transformers import Qwen2Config
+    model_dir = tmp_path / "qwen2-7b-config"
+    Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                num_attention_heads=28, num_key_value_heads=4).save_pretrained(model_dir)
+    toy_task.build_tokenizer().save_pretrained(model_dir)
+    proc = run_train(["--model", str(model_dir), "--preset", "paper", "--max-memory-gb", "80"],
+                     cache_dir, tmp_path, timeout=300)
+    assert proc.returncode != 0
+    assert "plain DDP cannot hold it" in proc.stderr, proc.stderr[-2000:]
+    # 16 bytes a parameter for policy and for PRM, 2 for the bf16 reference: 34 bytes in all
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        n_params = sum(p.numel() for p in AutoModelForCausalLM.from_config(Qwen2Config.from_pretrained(model_dir)).parameters())
+    assert 7.5e9 < n_params < 7.7e9
+    assert f"total {34 * n_params / 1e9:.2f} GB" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_verl_parquet_and_jsonl_rows_become_tasks(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    tokenizer = toy_task.build_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    rows = [{"data_source": "numina", "ability": "math",
+             "prompt": [{"role": "user", "content": "(1+2)*3\n"}],
+             "reward_model": {"style": "rule", "ground_truth": "9"}},
+            {"data_source": "numina", "ability": "math",
+             "prompt": [{"role": "user", "content": "4-1\n"}],
+             "reward_model": {"style": "rule", "ground_truth": "3"}}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    args = train.Args(data=str(tmp_path / "train.parquet"), eval_problems=0)
+    tasks, held = train.load_tasks(args, tokenizer)
+    assert [t.answer for t in tasks] == ["9", "3"] and held == []
+    assert tokenizer.decode(tasks[0].prompt_ids) == "(1+2)*3\n\n"  # the chat template was applied
+    assert tasks[0].kind == "math"
+    (tmp_path / "t.jsonl").write_text(json.dumps({"problem": "2*4", "answer": 8}) + "\n")
+    args = train.Args(data=str(tmp_path / "t.jsonl"), user_suffix="=", eval_problems=0)
+    tasks, _ = train.load_tasks(args, tokenizer)
+    assert tasks[0].answer == "8" and tokenizer.decode(tasks[0].prompt_ids) == "2*4=\n"

@@ -1,0 +1,881 @@
+"""PRIME: online RL with implicit process rewards, one loop, top to bottom like the paper's Algorithm 1.
+
+    python train.py                                   # embedded default: tiny model, toy task, CPU
+    python train.py --steps 5 --run-name smoke        # a shorter run
+    torchrun --nproc_per_node=8 train.py --model PATH --data train.parquet --preset 1.5b
+    torchrun --nnodes=2 --nproc_per_node=8 --node_rank=R --master_addr=HOST --master_port=29500 \\
+        train.py --model PATH --data train.parquet    # when one node is no longer enough
+
+Each iteration (paper Algorithm 1; official code `ray_trainer.py`):
+    1. sample n_samples responses for each prompt                      (rollout.py)
+    2. verify them -> outcome r_o in [0, 1]                            (verify.py)
+    3. filter prompt groups by mean accuracy in [low, high]            (prime.keep_groups)
+    4. implicit PRM forward (Eq. 3) and its cross-entropy update       (prime.implicit_process_reward,
+                                                                        prime.prm_ce_loss)
+    5. advantages: RLOO over outcome and process rewards, whitened    (prime.rloo_advantage, whiten)
+    6. PPO clip update of the policy (Eq. 6)                           (prime.ppo_clip_loss)
+    7. log, checkpoint
+
+Simplifications relative to the paper's setup (each one a choice a reader should know about):
+    1. Plain DDP on one process per GPU; no FSDP/ZeRO, so a model must fit with its gradients and
+       AdamW states (fp32) on one GPU, twice (policy and PRM). An estimate is printed up front.
+    2. The filter trains on what survives from a fixed number of sampled prompts, instead of
+       sampling more prompts until the batch is full (official code). Ranks keep different numbers
+       of groups; the shorter ranks run zero-weight micro-batches so DDP's collectives line up.
+    3. One PPO epoch, no KL term, no entropy bonus (as the paper's run).
+    4. Generation runs on the training policy with HF `generate` (vLLM: see rollout.py).
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import prime
+import toy_task
+import verify
+from rollout import HFRollout, Rollout, left_pad, position_ids_from_mask
+
+# ---------------------------------------------------------------------------------------------------
+# Configuration: every option the paper studies is a flag
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Args:
+    # --- what to train on
+    model: str = ""
+    """policy/PRM/reference initialisation: a local path or hub name of a causal LM; empty = the embedded tiny model after its SFT warmup"""
+    data: str = ""
+    """training prompts: a .jsonl or .parquet file; empty = the embedded arithmetic task"""
+    prompt_key: str = "problem"
+    """field holding the question (ignored for veRL-schema files, whose `prompt` is chat messages)"""
+    answer_key: str = "answer"
+    """field holding the gold answer (veRL schema: reward_model.ground_truth)"""
+    user_suffix: str = "\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
+    """appended to each question, as in the paper's runs (not used for the embedded task)"""
+    system_prompt: str = ""
+    """optional system message for the chat template"""
+    preset: str = ""
+    """named hyper-parameter sets: 'paper' (the paper's 7B run) or '1.5b' (fits plain DDP on 80 GB GPUs)"""
+    # --- the RL loop
+    steps: int = 60
+    """RL iterations"""
+    prompts_per_step: int = 32
+    """prompts sampled per iteration, over all ranks (paper: 256)"""
+    n_samples: int = 4
+    """K, responses per prompt (paper: 4)"""
+    max_prompt_len: int = 64
+    """prompts longer than this are dropped from the data with a warning (paper: 1024)"""
+    max_response_len: int = 48
+    """max new tokens per response (paper: 3072)"""
+    temperature: float = 1.0
+    """rollout temperature (paper: 1.0)"""
+    top_p: float = 1.0
+    """rollout nucleus sampling (paper: 1.0)"""
+    # --- PRIME's choices
+    estimator: str = "rloo"
+    """advantage estimator: rloo | grpo | reinforce | prm-value | pass"""
+    process_reward: bool = True
+    """add implicit process rewards to the advantage (False = the outcome-only baseline)"""
+    rloo_form: str = "official"
+    """'official' (PRIME's compute_rloo_returns) or 'paper' (Eq. 5 literally); same sequence sums"""
+    process_norm: str = "batch"
+    """'batch' = official: raw log-ratio / max |return-to-go| of the batch; 'beta' = paper Eq. 3: beta * log-ratio"""
+    reference: str = "sft"
+    """PRM reference: 'sft' = frozen SFT model (paper default) or 'policy' = the rollout policy (App. B.1)"""
+    prm_update: str = "after"
+    """'after' = single forward (rewards from the pre-update PRM, the paper run); 'before' = double forward"""
+    prm_loss: str = "ce"
+    """PRM objective: 'ce' (Algorithm 1) or 'dpo' (App. C.2)"""
+    beta: float = 0.05
+    """implicit-reward scale (paper: 0.05)"""
+    filter_low: float = 0.2
+    """keep prompt groups with mean accuracy >= this (inclusive)"""
+    filter_high: float = 0.8
+    """keep prompt groups with mean accuracy <= this (inclusive)"""
+    filter_truncated: bool = False
+    """drop a prompt group if any of its responses hit max_response_len (off in the paper run)"""
+    clip_eps: float = 0.2
+    """PPO clip range (Eq. 6)"""
+    gamma: float = 1.0
+    """discount of the process return (paper: 1.0)"""
+    # --- optimisation
+    policy_lr: float = 5e-5
+    """policy AdamW learning rate (paper: 5e-7 for a 7B model)"""
+    prm_lr: float = 1e-4
+    """PRM AdamW learning rate (paper: 1e-6 for a 7B model)"""
+    policy_weight_decay: float = 0.01
+    """official actor weight decay"""
+    policy_grad_clip: float = 1.0
+    """official actor gradient-norm clip"""
+    prm_grad_clip: float = 10.0
+    """official PRM gradient-norm clip"""
+    mini_batches: int = 1
+    """optimizer steps per iteration for policy and PRM (paper: 1024 responses / 256 = 4)"""
+    micro_batch_size: int = 64
+    """responses per forward/backward; gradients accumulate across micro-batches"""
+    gradient_checkpointing: bool = False
+    """recompute activations in backward to save memory (big models)"""
+    # --- plumbing
+    rollout: str = "hf"
+    """generation backend: 'hf' (vLLM backend: separate issue)"""
+    seed: int = 1
+    """base seed; rank r uses seed + r"""
+    run_name: str = ""
+    """runs/<run_name>/ holds config, metrics, episodes, curves, checkpoints; default: a timestamp"""
+    out_dir: str = "runs"
+    """parent folder of runs"""
+    save_every: int = 20
+    """checkpoint every N iterations (and at the end)"""
+    resume: bool = False
+    """continue runs/<run_name> from its last checkpoint"""
+    eval_problems: int = 200
+    """held-out problems for the start/end accuracy (embedded task) or rows held out of --data"""
+    eval_every: int = 20
+    """held-out accuracy every N iterations (logged as heldout_accuracy); 0 = only at start and end"""
+    sft_steps: int = 400
+    """SFT warmup steps for the embedded model (cached in .cache/)"""
+    cache_dir: str = ".cache"
+    """where the embedded SFT checkpoint is cached"""
+    episodes_per_step: int = 2
+    """sample episodes with per-token implicit rewards written to episodes.jsonl each iteration"""
+    max_memory_gb: float = 0.0
+    """GPU memory budget for the up-front estimate; 0 = the device's total"""
+
+
+PRESETS = {
+    # The paper's run (official run_prime_main.sh): Eurus-2-7B-SFT, 256 prompts x 4, 1024/3072 tokens.
+    "paper": dict(prompts_per_step=256, n_samples=4, max_prompt_len=1024, max_response_len=3072,
+                  policy_lr=5e-7, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=8,
+                  gradient_checkpointing=True, temperature=1.0, top_p=1.0),
+    # DeepSeek-R1-Distill-Qwen-1.5B (paper App. B.7) under plain DDP on 80 GB: fp32 policy and PRM with
+    # AdamW take ~48 GB, so fewer tokens per micro-batch and checkpointing.
+    "1.5b": dict(prompts_per_step=256, n_samples=4, max_prompt_len=1024, max_response_len=3072,
+                 policy_lr=1e-6, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=2,
+                 gradient_checkpointing=True, temperature=1.0, top_p=1.0),
+}
+
+CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass"), rloo_form=("official", "paper"),
+               process_norm=("batch", "beta"), reference=("sft", "policy"), prm_update=("after", "before"),
+               prm_loss=("ce", "dpo"), rollout=("hf",), preset=("", "paper", "1.5b"))
+
+
+def parse_args(argv=None) -> Args:
+    """argparse from the dataclass: each field is a flag, its docstring the help text."""
+    import ast
+    import inspect
+
+    source = inspect.getsource(Args)
+    docs = {}
+    tree = ast.parse(source).body[0].body
+    for node, nxt in zip(tree, tree[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr):
+            docs[node.target.id] = nxt.value.value
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(Args):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type is bool or f.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=docs.get(f.name))
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(str(f.type), f.type)
+            parser.add_argument(flag, type=kind, default=None, help=docs.get(f.name),
+                                choices=CHOICES.get(f.name))
+    given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    values = dict(PRESETS.get(given.get("preset", ""), {}))
+    values.update(given)  # explicit flags beat the preset
+    args = Args(**values)
+    check_args(args)
+    return args
+
+
+def check_args(args: Args) -> None:
+    """Bad combinations fail before anything is loaded, naming the flag."""
+    if args.n_samples < 2 and args.estimator in ("rloo", "grpo", "pass"):
+        raise SystemExit(f"--n-samples {args.n_samples}: --estimator {args.estimator} needs at least 2 "
+                         "responses per prompt for its group baseline")
+    if args.estimator == "prm-value" and not args.process_reward:
+        raise SystemExit("--estimator prm-value uses the implicit PRM as its value model: drop --no-process-reward")
+    if not 0.0 <= args.filter_low <= args.filter_high <= 1.0:
+        raise SystemExit(f"--filter-low {args.filter_low} / --filter-high {args.filter_high}: need 0 <= low <= high <= 1")
+    if args.mini_batches < 1 or args.micro_batch_size < 1:
+        raise SystemExit("--mini-batches and --micro-batch-size must be >= 1")
+    if args.resume and not args.run_name:
+        raise SystemExit("--resume needs --run-name of the run to continue")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Distributed set-up: plain DDP, one process per GPU (or per CPU worker with gloo)
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def master(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed() -> Dist:
+    if "RANK" not in os.environ:
+        return Dist(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    rank, world, local_rank = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    # Rollouts are long: a rank waiting for a slower rank's generation must not time out.
+    import datetime
+    dist.init_process_group(backend, timeout=datetime.timedelta(hours=2))
+    return Dist(rank, world, local_rank, device)
+
+
+def all_reduce(values: list[float], d: Dist, op=None) -> list[float]:
+    """Sum (or another op) of a few floats over ranks, for metrics and for lining up micro-batches."""
+    if d.world == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=d.device)
+    dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def print0(d: Dist, *a, **kw):
+    if d.master:
+        print(*a, **kw, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data: prompts and gold answers
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Task:
+    prompt_ids: list[int]  # the tokenised prompt (chat template and suffix applied)
+    answer: str            # gold answer (math/qa) or a JSON string of tests (code)
+    kind: str              # "math", "code" or "qa": which verifier scores it
+    text: str = ""         # the prompt as text, for logs
+
+
+def load_rows(path: str) -> list[dict]:
+    p = Path(path)
+    if not p.exists():
+        raise SystemExit(f"--data {path}: file not found")
+    if p.suffix == ".jsonl":
+        rows = []
+        with open(p) as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise SystemExit(f"--data {path}: line {n} is not JSON ({e})")
+        return rows
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+        return pq.read_table(p).to_pylist()
+    raise SystemExit(f"--data {path}: expected a .jsonl or .parquet file")
+
+
+def row_to_task(row: dict, index: int, args: Args, tokenizer) -> Task:
+    """One data row -> Task; understands veRL's schema (prompt = chat messages, reward_model.ground_truth)."""
+    if isinstance(row.get("prompt"), list) and isinstance(row.get("reward_model"), dict):  # veRL schema
+        messages = [dict(m) for m in row["prompt"]]
+        answer = row["reward_model"].get("ground_truth")
+        kind = {"math": "math", "code": "code", "coding": "code", "qa": "qa"}.get(str(row.get("ability", "math")), "math")
+        if answer is None:
+            raise SystemExit(f"--data row {index}: reward_model.ground_truth is missing")
+    else:
+        for key in (args.prompt_key, args.answer_key):
+            if key not in row:
+                raise SystemExit(f"--data row {index}: no field {key!r} (fields: {sorted(row)}); "
+                                 f"set --prompt-key / --answer-key")
+        messages = [{"role": "user", "content": str(row[args.prompt_key]) + args.user_suffix}]
+        if args.system_prompt:
+            messages.insert(0, {"role": "system", "content": args.system_prompt})
+        answer, kind = row[args.answer_key], "math"
+    if isinstance(answer, (list, tuple)):  # e.g. OlympiadBench's final_answer lists
+        answer = ", ".join(str(a) for a in answer)
+    if not isinstance(answer, str):
+        answer = json.dumps(answer) if kind == "code" else str(answer)
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
+            ids = ids["input_ids"]
+    else:  # a base model without a template: plain text
+        ids = tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"]
+    return Task(list(ids), answer, kind, messages[-1]["content"])
+
+
+def check_golds(tasks: list[Task], path: str) -> None:
+    """Every math gold answer must verify against itself, or every reward for it would be 0."""
+    math_tasks = [t for t in tasks if t.kind == "math"][:256]
+    scores = verify.score_batch([f"\\boxed{{{t.answer}}}" for t in math_tasks], [t.answer for t in math_tasks],
+                                ["math"] * len(math_tasks))
+    bad = [t.answer for t, s in zip(math_tasks, scores) if s.reward < 1.0]
+    if bad:
+        raise SystemExit(f"--data {path}: {len(bad)} gold answers do not verify against themselves "
+                         f"(e.g. {bad[0]!r}); check --answer-key")
+
+
+def load_tasks(args: Args, tokenizer) -> tuple[list[Task], list[Task]]:
+    """(training tasks, held-out tasks)."""
+    if not args.data:
+        def toy(p):
+            return Task(tokenizer(p.prompt)["input_ids"], p.answer, "math", p.prompt)
+        # Training prompts are drawn fresh each step (see toy_prompts); only held-out ones are listed.
+        return [], [toy(p) for p in toy_task.heldout_problems(args.eval_problems)]
+    rows = load_rows(args.data)
+    tasks = [row_to_task(r, i, args, tokenizer) for i, r in enumerate(rows)]
+    kept = [t for t in tasks if len(t.prompt_ids) <= args.max_prompt_len]
+    if len(kept) < len(tasks):
+        print(f"warning: dropped {len(tasks) - len(kept)} prompts longer than --max-prompt-len {args.max_prompt_len}")
+    check_golds(kept, args.data)
+    n_eval = min(args.eval_problems, len(kept) // 10)
+    return kept[n_eval:], kept[:n_eval]
+
+
+def step_prompts(args: Args, train_tasks: list[Task], tokenizer, step: int, d: Dist) -> list[Task]:
+    """This rank's prompts for iteration `step`: a deterministic function of (seed, step), so a
+    resumed run continues with exactly the prompts it would have seen. Rank r takes every
+    world-th prompt of the global list; whole groups stay on one rank."""
+    if args.prompts_per_step % d.world:
+        raise SystemExit(f"--prompts-per-step {args.prompts_per_step} is not divisible by the "
+                         f"world size {d.world}")
+    if not args.data:
+        problems = toy_task.make_problems(args.prompts_per_step, seed=args.seed * 1_000_003 + step)
+        tasks = [Task(tokenizer(p.prompt)["input_ids"], p.answer, "math", p.prompt) for p in problems]
+    else:
+        epoch, offset = divmod(step * args.prompts_per_step, len(train_tasks))
+        order = list(range(len(train_tasks)))
+        random.Random(args.seed + epoch).shuffle(order)
+        order = order + order  # wrap around the epoch boundary
+        tasks = [train_tasks[i] for i in order[offset:offset + args.prompts_per_step]]
+    return tasks[d.rank::d.world]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------------
+
+
+def load_model_and_tokenizer(args: Args, d: Dist):
+    """The SFT checkpoint: policy, PRM and reference all start from it (paper Sec. 3.3)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = args.model
+    if not path:
+        path = str(toy_task.sft_checkpoint(Path(args.cache_dir), args.sft_steps, log=lambda m: print0(d, m))
+                   ) if d.master else None
+        if d.world > 1:  # rank 0 trains the SFT model once; the others wait for it
+            box = [path]
+            dist.broadcast_object_list(box, src=0)
+            path = box[0]
+    elif not Path(path).exists() and "/" not in path:
+        raise SystemExit(f"--model {path}: no such local path (and not a hub name like org/model)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        check_memory(path, args, d)  # from the config alone, before any weight is loaded
+        policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except OSError as e:
+        raise SystemExit(f"--model {path}: cannot load it ({e})")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return path, policy, tokenizer
+
+
+def memory_estimate_gb(n_params: int, args: Args) -> dict:
+    """Per-GPU bytes of the model state under plain DDP (activations and vLLM come on top):
+    policy and PRM in fp32 with fp32 grads and two AdamW moments = 16 bytes/param each; the frozen
+    reference in bf16 = 2 bytes/param (none when the reference is the old policy)."""
+    gb = n_params / 1e9
+    est = {"policy (weights+grads+adam)": 16 * gb, "prm (weights+grads+adam)": 16 * gb,
+           "reference (bf16)": 2 * gb if args.reference == "sft" else 0.0}
+    est["total"] = sum(est.values())
+    return est
+
+
+def check_memory(path: str, args: Args, d: Dist) -> None:
+    """Print the estimate and refuse a model whose state cannot fit, before loading any weight."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):  # parameters without storage: just their shapes
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    est = memory_estimate_gb(sum(p.numel() for p in skeleton.parameters()), args)
+    print0(d, "memory estimate per GPU: " + ", ".join(f"{k} {v:.2f} GB" for k, v in est.items()))
+    budget = args.max_memory_gb or (torch.cuda.get_device_properties(d.device).total_memory / 1e9
+                                    if d.device.type == "cuda" else 0.0)
+    if budget and est["total"] > 0.9 * budget:
+        raise SystemExit(f"model state needs ~{est['total']:.0f} GB per GPU, more than 90% of the "
+                         f"{budget:.0f} GB available: plain DDP cannot hold it. Use a smaller --model "
+                         "(e.g. --preset 1.5b with a 1.5B model) or a sharded trainer (FSDP/ZeRO).")
+
+
+def wrap_ddp(model, d: Dist):
+    if d.world == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    return DDP(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None)
+
+
+def unwrap(model):
+    return model.module if hasattr(model, "module") else model
+
+
+# ---------------------------------------------------------------------------------------------------
+# Log-probs of sampled responses (the same positions the sampler used)
+# ---------------------------------------------------------------------------------------------------
+
+
+def response_logprobs(model, ro: Rollout, temperature: float = 1.0) -> torch.Tensor:
+    """log pi(y_t | x, y_<t) for every response token, (B, R) float32, 0 on padding.
+
+    Prompt (left-padded) and response (right-padded) are concatenated; positions come from the
+    attention mask so left padding does not shift them, exactly as in HF generate. Only the
+    response positions go through the LM head (`logits_to_keep`), and prime.token_logprobs never
+    builds a full float32 log-softmax.
+    """
+    device = next(model.parameters()).device
+    input_ids = torch.cat([ro.prompt_ids, ro.response_ids], 1).to(device)
+    attention = torch.cat([ro.prompt_mask, ro.response_mask], 1).to(device)
+    R = ro.response_ids.shape[1]
+    out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids_from_mask(attention),
+                logits_to_keep=R + 1, use_cache=False)
+    logits = out.logits[:, :-1]  # (B, R, V): the prediction for each response token
+    logp = prime.token_logprobs(logits, input_ids[:, -R:], temperature)
+    return logp * ro.response_mask.to(device)
+
+
+def micro_batches(n_rows: int, size: int, n_global: int) -> list[tuple[slice, float]]:
+    """Row slices of this rank's micro-batches, padded to `n_global` with zero-weight repeats.
+
+    DDP all-reduces gradients at every backward of the sync step: every rank must run the same
+    number of backwards or the job hangs. A rank with fewer rows repeats its first rows with loss
+    weight 0 (a real forward/backward that contributes nothing); a rank whose filter kept nothing
+    (n_rows = 0) uses the first row of the placeholder group train.py keeps for this purpose."""
+    real = [(slice(s, min(s + size, n_rows)), 1.0) for s in range(0, n_rows, size)]
+    return real + [(slice(0, min(size, max(n_rows, 1))), 0.0)] * (n_global - len(real))
+
+
+def run_update(model, optimizer, loss_fn, n_rows: int, args: Args, d: Dist, grad_clip: float) -> list[float]:
+    """Mini-batched, micro-batched gradient steps; loss_fn(rows, weight) -> loss of a row slice.
+
+    `args.mini_batches` optimizer steps; each is the mean of its micro-batch losses (the official
+    code's averaging over gradient-accumulation steps), and DDP averages over ranks."""
+    n_local = math.ceil(n_rows / args.micro_batch_size)
+    n_global = int(all_reduce([n_local], d, dist.ReduceOp.MAX if d.world > 1 else None)[0])
+    n_global = math.ceil(n_global / args.mini_batches) * args.mini_batches
+    plan = micro_batches(n_rows, args.micro_batch_size, n_global)
+    per_step = n_global // args.mini_batches
+    losses = []
+    for k in range(args.mini_batches):
+        chunk = plan[k * per_step:(k + 1) * per_step]
+        optimizer.zero_grad(set_to_none=True)
+        for j, (rows, weight) in enumerate(chunk):
+            # DDP: all-reduce gradients only on the last micro-step of the optimizer step
+            sync = j == len(chunk) - 1 or not hasattr(model, "no_sync")
+            with (contextlib.nullcontext() if sync else model.no_sync()):
+                loss = loss_fn(rows, weight)
+                (loss * weight / len(chunk)).backward()
+            if weight:
+                losses.append(loss.item())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+    return losses
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checkpoints: written atomically, resumed exactly
+# ---------------------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(run_dir: Path, step: int, policy, prm, policy_opt, prm_opt, d: Dist) -> None:
+    """runs/<name>/checkpoint/: models, optimisers, step, and one RNG file per rank.
+
+    Written to checkpoint.tmp, then renamed over the old one: a kill at any moment leaves either the
+    old or the new checkpoint complete, never half of one."""
+    tmp, final = run_dir / "checkpoint.tmp", run_dir / "checkpoint"
+    if d.master:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier(d)
+    torch.save(rng_state(), tmp / f"rng_rank{d.rank}.pt")
+    if d.master:
+        torch.save({"step": step, "policy": unwrap(policy).state_dict(), "prm": unwrap(prm).state_dict(),
+                    "policy_opt": policy_opt.state_dict(), "prm_opt": prm_opt.state_dict(),
+                    "world": d.world}, tmp / "state.pt")
+    barrier(d)
+    if d.master:
+        old = run_dir / "checkpoint.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    barrier(d)
+
+
+def load_checkpoint(run_dir: Path, policy, prm, policy_opt, prm_opt, d: Dist) -> int:
+    path = run_dir / "checkpoint"
+    if not (path / "state.pt").exists():
+        raise SystemExit(f"--resume: no checkpoint in {path}")
+    state = torch.load(path / "state.pt", map_location=d.device, weights_only=False)
+    if state["world"] != d.world:
+        raise SystemExit(f"--resume: checkpoint was written by {state['world']} ranks, this run has {d.world}")
+    unwrap(policy).load_state_dict(state["policy"])
+    unwrap(prm).load_state_dict(state["prm"])
+    policy_opt.load_state_dict(state["policy_opt"])
+    prm_opt.load_state_dict(state["prm_opt"])
+    set_rng_state(torch.load(path / f"rng_rank{d.rank}.pt", weights_only=False))
+    return state["step"]
+
+
+def barrier(d: Dist) -> None:
+    if d.world > 1:
+        dist.barrier()
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """On resume, drop metric lines written after the checkpoint (they will be redone)."""
+    if path.exists():
+        lines = [l for l in path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= last_step]
+        write_atomic(path, "".join(l + "\n" for l in lines))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Evaluation and plots
+# ---------------------------------------------------------------------------------------------------
+
+
+def heldout_accuracy(model, tokenizer, tasks: list[Task], args: Args, d: Dist) -> float:
+    """Greedy accuracy on the held-out tasks, each rank scoring its share."""
+    mine = tasks[d.rank::d.world]
+    correct = 0.0
+    if mine:
+        sampler = HFRollout(unwrap(model), tokenizer, args.max_response_len)
+        ro = sampler.generate([t.prompt_ids for t in mine], n=1, greedy=True)
+        scores = verify.score_batch(sampler.decode(ro), [t.answer for t in mine], [t.kind for t in mine])
+        correct = sum(s.reward for s in scores)
+    total, count = all_reduce([correct, len(mine)], d)
+    return total / max(count, 1)
+
+
+def plot_curves(run_dir: Path, metrics: list[dict]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m["step"] for m in metrics]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    for ax, key, title in zip(axes, ("reward", "prm_accuracy", "response_length"),
+                              ("outcome training reward", "PRM pairwise accuracy (Fig. 5)", "response length")):
+        values = [float("nan") if m.get(key) is None else m[key] for m in metrics]
+        ax.plot(steps, values, alpha=0.35, label="per step")
+        window = 10
+        if len(values) >= window:
+            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+            ax.plot(steps[window - 1:], smooth, label=f"{window}-step mean")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.legend()
+    fig.tight_layout()
+    tmp = run_dir / "curves.tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, run_dir / "curves.png")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------------
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import transformers
+    transformers.utils.logging.disable_progress_bar()  # one progress bar: the RL loop's
+    d = setup_distributed()
+    # Each rank must sample different responses for its prompts: seed + rank. (Same seed on every
+    # rank would make the "8 GPUs" draw 8 copies of the same batch.)
+    torch.manual_seed(args.seed + d.rank)
+    random.seed(args.seed + d.rank)
+    np.random.seed(args.seed + d.rank)
+    if d.device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // d.world))
+
+    run_name = args.run_name or time.strftime("run-%Y%m%d-%H%M%S")
+    run_dir = Path(args.out_dir) / run_name
+    if d.master:
+        if run_dir.exists() and not args.resume and (run_dir / "metrics.jsonl").exists():
+            raise SystemExit(f"{run_dir} already holds a run: pass --resume to continue it or choose another --run-name")
+        run_dir.mkdir(parents=True, exist_ok=True)
+    barrier(d)
+
+    model_path, policy, tokenizer = load_model_and_tokenizer(args, d)
+    train_tasks, eval_tasks = load_tasks(args, tokenizer)
+    from transformers import AutoModelForCausalLM
+    prm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    reference = None
+    if args.reference == "sft":
+        reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval().requires_grad_(False)
+        reference.to(d.device)
+    policy.to(d.device)
+    prm.to(d.device)
+    if args.gradient_checkpointing:
+        for m in (policy, prm):  # non-reentrant checkpointing is the variant that works under DDP
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    policy, prm = wrap_ddp(policy, d), wrap_ddp(prm, d)
+    policy_opt = torch.optim.AdamW(policy.parameters(), lr=args.policy_lr, weight_decay=args.policy_weight_decay)
+    prm_opt = torch.optim.AdamW(prm.parameters(), lr=args.prm_lr, weight_decay=0.0)
+    sampler = HFRollout(unwrap(policy), tokenizer, args.max_response_len, args.temperature, args.top_p)
+
+    start_step = 0
+    if args.resume:
+        start_step = load_checkpoint(run_dir, policy, prm, policy_opt, prm_opt, d)
+        if d.master:
+            truncate_metrics(run_dir / "metrics.jsonl", start_step)
+        print0(d, f"resumed {run_dir} at step {start_step}")
+    if d.master:
+        write_atomic(run_dir / "config.json", json.dumps({**dataclasses.asdict(args), "model_path": model_path,
+                                                          "world_size": d.world}, indent=2))
+    summary_path = run_dir / "summary.json"
+    if args.resume and summary_path.exists():
+        start_accuracy = json.loads(summary_path.read_text())["start_accuracy"]
+    else:
+        start_accuracy = heldout_accuracy(policy, tokenizer, eval_tasks, args, d)
+        if d.master:
+            write_atomic(summary_path, json.dumps({"start_accuracy": start_accuracy}, indent=2))
+    print0(d, f"held-out accuracy of the starting checkpoint: {start_accuracy:.3f} ({len(eval_tasks)} problems)")
+
+    from tqdm import tqdm
+    wall_start = time.time()
+    phase_totals = {"rollout": 0.0, "verify": 0.0, "prm": 0.0, "policy": 0.0, "other": 0.0}
+    bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, disable=not d.master,
+               desc="PRIME", dynamic_ncols=True)
+    for step in bar:
+        t_step = time.time()
+        times = {}
+
+        # 1. Sample K responses for each prompt (whole groups on this rank) -----------------------
+        t = time.time()
+        tasks = step_prompts(args, train_tasks, tokenizer, step, d)
+        ro = sampler.generate([task.prompt_ids for task in tasks], n=args.n_samples)
+        times["rollout"] = time.time() - t
+
+        # 2. Verify: outcome reward r_o in [0, 1] ------------------------------------------------
+        t = time.time()
+        texts = sampler.decode(ro)
+        scores = verify.score_batch(texts, [task.answer for task in tasks for _ in range(args.n_samples)],
+                                    [task.kind for task in tasks for _ in range(args.n_samples)])
+        outcome = torch.tensor([s.reward for s in scores], dtype=torch.float32)
+        times["verify"] = time.time() - t
+
+        # 3. Online prompt filter: keep groups with low <= mean accuracy <= high ------------------
+        keep = prime.keep_groups(outcome, args.n_samples, args.filter_low, args.filter_high)
+        if args.filter_truncated:
+            keep &= ~ro.truncated.view(-1, args.n_samples).any(-1)
+        rows = keep.repeat_interleave(args.n_samples).nonzero().squeeze(-1)
+        n_kept_groups = int(keep.sum())
+        n_train = len(rows)  # rows that carry gradient
+        if n_kept_groups == 0:  # keep a placeholder group so this rank can run zero-weight passes
+            rows = torch.arange(args.n_samples)
+        batch, batch_outcome = ro.select(rows), outcome[rows].to(d.device)
+        mask = batch.response_mask.to(d.device).float()
+
+        # old log-probs and reference log-probs: no gradient, recomputed by the training models
+        t = time.time()
+        with torch.no_grad():
+            logp_old = torch.cat([response_logprobs(unwrap(policy), batch.select(s),
+                                                    args.temperature)
+                                  for s in _slices(len(batch), args.micro_batch_size)])
+            if reference is not None:
+                logp_ref = torch.cat([response_logprobs(reference, batch.select(s))
+                                      for s in _slices(len(batch), args.micro_batch_size)])
+            else:  # App. B.1: the rollout policy is the reference
+                logp_ref = logp_old
+        times["policy"] = time.time() - t
+
+        # 4. Implicit PRM: forward for rewards (Eq. 3) and cross-entropy update -------------------
+        t = time.time()
+        logp_prm_store = torch.zeros_like(mask)
+
+        def prm_loss_fn(s, weight):
+            logp_prm = response_logprobs(prm, batch.select(s))
+            if weight:  # single forward: the rewards come from this (pre-update) forward
+                logp_prm_store[s] = logp_prm.detach()
+            if args.prm_loss == "ce":
+                return prime.prm_ce_loss(logp_prm, logp_ref[s], mask[s], batch_outcome[s], args.beta)
+            return prime.prm_dpo_loss(logp_prm, logp_ref[s], mask[s], batch_outcome[s], args.beta, args.n_samples)
+
+        if args.prm_loss == "dpo":  # whole groups per micro-batch
+            assert args.micro_batch_size % args.n_samples == 0, "--micro-batch-size must hold whole groups for DPO"
+        prm_losses = run_update(prm, prm_opt, prm_loss_fn, n_train, args, d, args.prm_grad_clip)
+        if args.prm_update == "before":  # double forward: rewards from the updated PRM
+            with torch.no_grad():
+                logp_prm_store = torch.cat([response_logprobs(unwrap(prm), batch.select(s))
+                                            for s in _slices(len(batch), args.micro_batch_size)])
+        log_ratio = prime.implicit_process_reward(logp_prm_store, logp_ref, mask, 1.0)  # (B, R)
+        prm_accuracy = prime.prm_pairwise_accuracy(log_ratio.sum(-1), batch_outcome, args.n_samples).item()
+        prm_accuracy_sum = prm_accuracy * n_kept_groups  # weighted by groups, so ranks average right
+        times["prm"] = time.time() - t
+
+        # 5. Advantages -------------------------------------------------------------------------
+        if args.process_norm == "batch":  # official: rescale the raw log-ratio by the batch
+            process = prime.normalize_process_reward(log_ratio, mask)
+        else:  # paper Eq. 3
+            process = args.beta * log_ratio
+        process_in = process if args.process_reward else None
+        if args.estimator == "rloo":
+            adv = prime.rloo_advantage(process_in, batch_outcome, mask, args.n_samples, args.gamma, args.rloo_form)
+        elif args.estimator == "grpo":
+            adv = prime.grpo_advantage(process_in, batch_outcome, mask, args.n_samples, args.gamma)
+        elif args.estimator == "reinforce":
+            adv = prime.reinforce_advantage(process_in, batch_outcome, mask, args.gamma)
+        elif args.estimator == "prm-value":
+            adv = prime.prm_value_advantage(args.beta * log_ratio, batch_outcome, mask, args.gamma)
+        else:  # PASS: the process signal shaped into GRPO's advantage (pass_advantage.py)
+            import pass_advantage
+            fmt = torch.tensor([scores[i].format for i in rows.tolist()], dtype=torch.float32, device=d.device)
+            group_ids = torch.arange(len(batch), device=d.device) // args.n_samples
+            signal = args.beta * log_ratio if args.process_reward else torch.zeros_like(log_ratio)
+            adv = pass_advantage.pass_advantage(signal, mask, batch_outcome, fmt, group_ids,
+                                                **pass_advantage.PRESETS["math"])
+        if args.estimator in ("rloo", "reinforce", "prm-value"):
+            adv = prime.whiten(adv, mask)  # official: global whitening of every advantage
+
+        # 6. PPO clip update of the policy (Eq. 6) -----------------------------------------------
+        t = time.time()
+
+        def policy_loss_fn(s, weight):
+            logp = response_logprobs(policy, batch.select(s), args.temperature)
+            return prime.ppo_clip_loss(logp, logp_old[s], adv[s], mask[s], args.clip_eps)
+
+        policy_losses = run_update(policy, policy_opt, policy_loss_fn, n_train, args, d, args.policy_grad_clip)
+        sampler.push_weights(unwrap(policy))
+        times["policy"] += time.time() - t
+
+        # 7. Log and checkpoint ----------------------------------------------------------------
+        t = time.time()
+        sums = all_reduce([outcome.sum().item(), len(outcome), n_kept_groups, len(tasks),
+                           ro.response_mask.sum().item(), float(ro.truncated.sum()),
+                           sum(s.format for s in scores), prm_accuracy_sum, sum(prm_losses), len(prm_losses),
+                           sum(policy_losses), len(policy_losses)], d)
+        kept_per_rank = all_reduce([n_kept_groups if r == d.rank else 0 for r in range(d.world)], d)
+        metrics = {
+            "step": step + 1,
+            "reward": sums[0] / sums[1],
+            "kept_groups": int(sums[2]), "prompts": int(sums[3]),
+            "kept_groups_per_rank": [int(k) for k in kept_per_rank],
+            "response_length": sums[4] / sums[1],
+            "truncated_fraction": sums[5] / sums[1],
+            "format": sums[6] / sums[1],
+            "prm_accuracy": sums[7] / sums[2] if sums[2] else None,  # over the kept groups
+            "prm_loss": sums[8] / max(sums[9], 1),
+            "policy_loss": sums[10] / max(sums[11], 1),
+            "process_reward_abs_mean": prime.masked_mean(process.abs(), mask).item(),
+        }
+        if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
+            metrics["heldout_accuracy"] = heldout_accuracy(policy, tokenizer, eval_tasks, args, d)
+        if d.master:
+            with open(run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({**metrics, "time": times}) + "\n")
+                f.flush()
+            write_episodes(run_dir, step + 1, batch, texts, rows, batch_outcome, process, tokenizer, args)
+            bar.set_postfix(reward=f"{metrics['reward']:.3f}", prm_acc=_fmt(metrics["prm_accuracy"]),
+                            kept=f"{metrics['kept_groups']}/{metrics['prompts']}")
+        if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+            save_checkpoint(run_dir, step + 1, policy, prm, policy_opt, prm_opt, d)
+        times["other"] = (time.time() - t_step) - sum(times.values())
+        for k in phase_totals:
+            phase_totals[k] += times.get(k, 0.0)
+
+    # End: held-out accuracy of the final policy, curves, summary, final checkpoint -------------
+    end_accuracy = heldout_accuracy(policy, tokenizer, eval_tasks, args, d)
+    if d.master:
+        metrics = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+        plot_curves(run_dir, metrics)
+        toy_task.save_pretrained_atomic(unwrap(policy), tokenizer, run_dir / "final")
+        n_steps = max(args.steps - start_step, 1)
+        summary = {"start_accuracy": start_accuracy, "end_accuracy": end_accuracy, "steps": args.steps,
+                   "eval_problems": len(eval_tasks), "wall_seconds": time.time() - wall_start,
+                   "step_seconds": {k: v / n_steps for k, v in phase_totals.items()},
+                   "final_reward_10": float(np.mean([m["reward"] for m in metrics[-10:]])),
+                   "final_prm_accuracy_10": _nanmean([m["prm_accuracy"] for m in metrics[-10:]])}
+        write_atomic(summary_path, json.dumps(summary, indent=2))
+        split = ", ".join(f"{k} {v:.2f}s" for k, v in summary["step_seconds"].items())
+        print0(d, f"\nheld-out accuracy: start {start_accuracy:.3f} -> end {end_accuracy:.3f} "
+                  f"({len(eval_tasks)} problems, greedy)")
+        print0(d, f"training reward (last 10 steps): {summary['final_reward_10']:.3f}; "
+                  f"PRM pairwise accuracy (last 10): {_fmt(summary['final_prm_accuracy_10'])}")
+        print0(d, f"time per step: {split}; wall {summary['wall_seconds']:.0f}s")
+        print0(d, f"run folder: {run_dir} (metrics.jsonl, episodes.jsonl, curves.png, final/, summary.json)")
+    if d.world > 1:
+        dist.destroy_process_group()
+    return run_dir
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def _nanmean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+def _slices(n: int, size: int) -> list[slice]:
+    return [slice(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+def write_episodes(run_dir, step, batch, texts, rows, outcome, process, tokenizer, args) -> None:
+    """A few responses per step with their per-token implicit rewards: the most instructive
+    artifact of a PRIME run (which tokens did the PRM credit or blame?)."""
+    with open(run_dir / "episodes.jsonl", "a") as f:
+        for i in range(min(args.episodes_per_step, len(batch))):
+            n = int(batch.response_mask[i].sum())
+            tokens = tokenizer.convert_ids_to_tokens(batch.response_ids[i, :n].tolist())
+            f.write(json.dumps({"step": step, "outcome": outcome[i].item(), "response": texts[int(rows[i])],
+                                "tokens": tokens,
+                                "process_reward": [round(x, 5) for x in process[i, :n].tolist()]}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
