@@ -1,0 +1,609 @@
+"""Tests of verify.py: real benchmark golds, equivalences and near misses, hostile inputs, sandbox.
+
+    python -m pytest tests/test_verify.py          # about a minute on an idle 2-core machine
+
+Everything runs through the real worker pool and the real sandbox: no mocks. The benchmark data is
+read from ../shared/data (see its SOURCES.md for each benchmark's gold field).
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import verify  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+TIMEOUT = 2.0  # per-item limit for the hostile tests
+SLACK = 2.0    # scheduling slack on a loaded 2-core machine, on top of the limit
+MINE = f"verify-worker-{os.getpid()}-"  # our workers' scratch directories: other processes on this
+                                        # machine may be using verify.py at the same time
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+
+
+def boxed(answer: str) -> str:
+    return f"Some reasoning.\nSo the answer is $\\boxed{{{answer}}}$."
+
+
+def score_math(answers: list[str], golds: list[str], **kwargs) -> list[verify.Score]:
+    return verify.score_batch([boxed(a) for a in answers], golds, ["math"] * len(answers), **kwargs)
+
+
+@pytest.fixture
+def warm_pool():
+    """A pool with at least one ready worker, so timings measure the item, not a worker start."""
+    assert verify.score_batch(["\\boxed{1}"], ["1"], ["math"])[0].reward == 1.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Real data: gold answers per ../shared/data/SOURCES.md
+# ---------------------------------------------------------------------------------------------------
+
+
+def _jsonl(relative: str) -> list[dict]:
+    with open(DATA / relative, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def _prime_math500() -> list[dict]:
+    """PRIME's MATH-500 copy: pandas column-oriented JSON, turned into records."""
+    columns = json.loads((DATA / "prime_eval" / "math_test_cleaned.json").read_text())
+    return [{name: columns[name][key] for name in columns} for key in columns["problem"]]
+
+
+def load_golds(benchmark: str) -> list[str]:
+    if benchmark == "math500":
+        return [row["answer"] for row in _jsonl("math500/test.jsonl")]
+    if benchmark == "gsm8k":  # the text after the final "####"
+        return [row["answer"].split("####")[-1].strip() for row in _jsonl("gsm8k/test.jsonl")]
+    if benchmark == "aime24":
+        return [row["answer"] for row in _jsonl("aime24/test.jsonl")]
+    if benchmark == "amc23":  # JSON floats such as 27.0
+        return [str(row["answer"]) for row in _jsonl("amc23/test.jsonl")]
+    if benchmark == "minerva_math":  # no answer field: the last \boxed{} of the solution
+        golds = [verify.extract_boxed(row["solution"]) for row in _jsonl("minerva_math/test.jsonl")]
+        assert all(golds), "a Minerva solution without a closed \\boxed{}"
+        return golds
+    if benchmark == "olympiadbench":  # a list of one string, maybe "a,b" for several answers
+        rows = _jsonl("olympiadbench/test.jsonl")
+        assert all(len(row["final_answer"]) == 1 for row in rows)
+        return [row["final_answer"][0] for row in rows]
+    if benchmark == "prime_aime":
+        return [row["answer"] for row in _jsonl("prime_eval/aimo-validation-aime.jsonl")]
+    if benchmark == "prime_amc":
+        return [str(row["answer"]) for row in _jsonl("prime_eval/aimo-validation-amc.jsonl")]
+    if benchmark == "prime_math500":
+        return [row["expected_answer"] for row in _prime_math500()]
+    raise ValueError(benchmark)
+
+
+BENCHMARKS = {"math500": 500, "gsm8k": 1319, "aime24": 30, "amc23": 40, "minerva_math": 272,
+              "olympiadbench": 675, "prime_aime": 90, "prime_amc": 83, "prime_math500": 500}
+
+
+@pytest.mark.parametrize("benchmark", BENCHMARKS)
+def test_every_gold_verifies_against_itself(benchmark):
+    golds = load_golds(benchmark)
+    assert len(golds) == BENCHMARKS[benchmark]
+    scores = score_math(golds, golds)
+    failures = [(g, s.reason) for g, s in zip(golds, scores) if (s.reward, s.format) != (1.0, 1)]
+    # No known failures: every gold of every benchmark parses and verifies (math-verify 0.9.0).
+    assert failures == [], f"{len(failures)} golds do not verify against themselves: {failures[:10]}"
+
+
+def test_math500_golds_equal_prime_cleaned_golds():
+    """PRIME rewrote 85 MATH-500 golds (units, \\text, spaces, base subscripts dropped): all equal
+    the originals, both ways."""
+    prime = {row["problem"]: row["expected_answer"] for row in _prime_math500()}
+    pairs = [(row["answer"], prime[row["problem"]]) for row in _jsonl("math500/test.jsonl")
+             if row["answer"] != prime[row["problem"]]]
+    assert len(pairs) == 85
+    golds, rewrites = [g for g, _ in pairs], [r for _, r in pairs]
+    forward, backward = score_math(rewrites, golds), score_math(golds, rewrites)
+    assert [pairs[i] for i, s in enumerate(forward) if s.reward != 1.0] == []
+    assert [pairs[i] for i, s in enumerate(backward) if s.reward != 1.0] == []
+
+
+def test_aime_golds_with_leading_zeros_equal_prime_copy():
+    prime = {row["url"]: row["answer"] for row in _jsonl("prime_eval/aimo-validation-aime.jsonl")}
+    pairs = [(row["answer"], prime[row["url"]]) for row in _jsonl("aime24/test.jsonl")
+             if row["answer"] != prime[row["url"]]]
+    assert sorted(pairs) == sorted([("025", "25"), ("073", "73"), ("023", "23"), ("045", "45"),
+                                    ("033", "33"), ("080", "80"), ("055", "55")])
+    assert [s.reward for s in score_math([p for _, p in pairs], [g for g, _ in pairs])] == [1.0] * 7
+
+
+@pytest.mark.parametrize("benchmark", ["gsm8k", "aime24", "amc23", "prime_aime"])
+def test_numeric_golds_plus_one_are_wrong(benchmark):
+    golds = load_golds(benchmark)
+    wrong = [str(int(float(g.replace(",", ""))) + 1) for g in golds]
+    scores = score_math(wrong, golds)
+    assert [(g, w) for g, w, s in zip(golds, wrong, scores) if s.reward != 0.0] == []
+    assert all(s.reason == "wrong" and s.format == 1 for s in scores)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Math: equivalent rewritings, near misses, extraction and format
+# ---------------------------------------------------------------------------------------------------
+
+EQUIVALENT = [  # (gold, boxed answer)
+    ("\\frac12", "0.5"), ("0.5", "\\frac12"), ("\\frac12", "\\dfrac{1}{2}"),
+    ("\\dfrac{1}{2}", "0.5"),
+    ("073", "73"), ("73", "073"), ("5", "x=5"), ("x=5", "5"),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi/2)"),
+    ("(3,\\pi/2)", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+    ("[-2,7]", "x \\in [-2, 7]"), ("\\{1,2,3\\}", "\\{3,2,1\\}"),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}"),
+    ("\\text{(C)}", "(C)"), ("\\text{Monday}", "Monday"), ("\\sqrt{12}", "2\\sqrt{3}"),
+    ("27.0", "27"), ("p - q", "-q+p"), ("2,125", "2125"), ("$69$,$84$", "84, 69"),
+]
+
+NEAR_MISSES = [  # (gold, boxed answer)
+    ("\\frac12", "0.51"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi)"), ("73", "74"),
+    ("[-2,7]", "(-2,7]"), ("[-2,7]", "[-2,7)"), ("(-2,7)", "(-2,7]"), ("\\{1,2\\}", "\\{1,2,3\\}"),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 3 \\end{pmatrix}"),
+    ("5", "x=6"), ("2\\sqrt{3}", "3\\sqrt{2}"), ("\\text{(C)}", "(D)"), ("p - q", "q - p"),
+    ("\\frac{1}{3}", "0.333"),
+]
+
+
+def test_equivalent_rewritings_score_one():
+    scores = score_math([a for _, a in EQUIVALENT], [g for g, _ in EQUIVALENT])
+    assert [(pair, s.reason) for pair, s in zip(EQUIVALENT, scores) if s.reward != 1.0] == []
+
+
+def test_near_misses_score_zero():
+    scores = score_math([a for _, a in NEAR_MISSES], [g for g, _ in NEAR_MISSES])
+    assert [(pair, s.reason) for pair, s in zip(NEAR_MISSES, scores) if s.reward != 0.0] == []
+    assert all(s.reason == "wrong" for s in scores)
+
+
+def test_math_reward_single_item():
+    assert verify.math_reward("so $x = \\boxed{\\dfrac{1}{2}}$", "0.5") == 1.0
+    assert verify.math_reward("so $x = \\boxed{\\dfrac{1}{3}}$", "0.5") == 0.0
+    assert verify.math_reward("the answer is 0.5", "0.5") == 0.0  # only a boxed answer counts
+    assert verify.math_reward("\\boxed{27}", 27.0) == 1.0          # AMC golds are floats
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("a \\boxed{1} b \\boxed{\\frac{2}{3}} c", "\\frac{2}{3}"),  # the last one
+    ("\\fbox{7}", "7"),
+    ("\\boxed{1} then \\fbox{2}", "2"),
+    ("\\boxed {x+1}", "x+1"),
+    ("\\boxed{\\{1,2\\}}.", "\\{1,2\\}"),
+    ("\\boxed{\\boxed{5}}", "5"),                   # innermost is the last to start
+    ("\\boxed{5", None),                            # unclosed
+    ("\\boxed{1} and then \\boxed{2", None),        # the last box is unclosed (truncated output)
+    ("no box here, the answer is 5", None),
+])
+def test_extract_boxed(text, expected):
+    assert verify.extract_boxed(text) == expected
+
+
+@pytest.mark.parametrize("response, gold, reward, format_, reason", [
+    ("\\boxed{5}", "5", 1.0, 1, "ok"),
+    ("\\boxed{6}", "5", 0.0, 1, "wrong"),                 # format does not depend on correctness
+    ("\\boxed{4} no wait \\boxed{5}", "5", 1.0, 0, "ok"),  # two final answers: last one counts
+    ("\\boxed{\\boxed{5}}", "5", 1.0, 0, "ok"),
+    ("the answer is 5", "5", 0.0, 0, "no_boxed"),
+    ("\\boxed{5", "5", 0.0, 0, "unclosed_boxed"),
+    ("\\boxed{ }", "5", 0.0, 0, "empty_boxed"),
+    ("\\fbox{5}", "5", 1.0, 1, "ok"),
+])
+def test_math_format_channel(response, gold, reward, format_, reason):
+    score = verify.score_batch([response], [gold], ["math"])[0]
+    assert score == verify.Score(reward, format_, reason)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Math: hostile inputs
+# ---------------------------------------------------------------------------------------------------
+
+HOSTILE_MATH = {  # name -> response; the gold is "7" and each must score 0 within the limit
+    "unbalanced braces": "}}{{ so \\boxed{\\frac{7}{2} {{",
+    "boxed nested 1000 deep": "\\boxed{" * 1000 + "8" + "}" * 1000,
+    "empty boxed nested 1000 deep": "\\boxed{" * 1000 + "}" * 1000,
+    "braces nested 400 deep": "\\boxed{" + "{" * 400 + "8" + "}" * 400 + "}",
+    "power tower": "\\boxed{10^{10^{10^{10}}}}",
+    "1 MB box": "\\boxed{" + "x+" * 500_000 + "}",
+    "1 MB of text, small box": "lorem ipsum " * 90_000 + "\\boxed{8}",
+    "NUL bytes and odd unicode": "\x00\\boxed{\x00\u202e\ud800\U0001f4a5\ufeff\x00}\x00",
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_MATH)
+def test_hostile_math_item_returns_zero_in_time(name, warm_pool):
+    start = time.monotonic()
+    score = verify.score_batch([HOSTILE_MATH[name]], ["7"], ["math"], timeout=TIMEOUT)[0]
+    assert time.monotonic() - start < TIMEOUT + SLACK
+    assert score.reward == 0.0 and score.reason != "ok"
+
+
+def test_hostile_items_do_not_stall_a_batch(warm_pool):
+    responses = list(HOSTILE_MATH.values()) + [boxed("\\frac{7}{1}")] * 20
+    start = time.monotonic()
+    scores = verify.score_batch(responses, ["7"] * len(responses), ["math"] * len(responses),
+                                timeout=TIMEOUT)
+    # Two items time out (0.8 * TIMEOUT each in the worker); the rest are quick.
+    assert time.monotonic() - start < 2 * TIMEOUT + SLACK
+    assert [s.reward for s in scores] == [0.0] * len(HOSTILE_MATH) + [1.0] * 20
+    assert verify.score_batch(["\x00 junk \ufeff \\boxed{7}\x00"], ["7"], ["math"])[0].reward == 1.0
+
+
+def _worker_pids() -> list[int]:
+    """Pids of this process's verify workers, found in /proc."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == os.getpid() and b"_worker_main" in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _ready_pool() -> list[int]:
+    """Wait until every worker of the (default-size) pool is warm; return their pids."""
+    deadline = time.monotonic() + 60
+    verify.score_batch(["\\boxed{1}"], ["1"], ["math"])  # starts the pool if there is none
+    while not all(w.ready for w in verify._pool) and time.monotonic() < deadline:
+        verify.score_batch(["\\boxed{1}"], ["1"], ["math"])
+    assert len(verify._pool) == len(os.sched_getaffinity(0))
+    return _worker_pids()
+
+
+def test_pool_is_reused_resized_and_shut_down():
+    workers = _ready_pool()
+    assert len(workers) == len(os.sched_getaffinity(0))
+    verify.score_batch(["\\boxed{1}"] * 8, ["1"] * 8, ["math"] * 8)
+    assert _worker_pids() == workers  # the same processes serve the next batch
+    assert verify.score_batch(["\\boxed{2}"], ["2"], ["math"], workers=1)[0].reward == 1.0
+    assert len(_worker_pids()) == 1 and set(_worker_pids()) <= set(workers)
+    verify.shutdown()
+    assert _worker_pids() == []
+    assert list(Path(tempfile.gettempdir()).glob(f"{MINE}*")) == []  # scratch dirs removed
+    assert verify.math_reward("\\boxed{3}", "3") == 1.0  # a fresh pool after a shutdown
+    # Under torchrun the node's CPUs are shared among its LOCAL_WORLD_SIZE ranks.
+    os.environ["LOCAL_WORLD_SIZE"] = str(2 * len(workers))
+    try:
+        assert verify.math_reward("\\boxed{4}", "4") == 1.0
+        assert len(_worker_pids()) == 1
+    finally:
+        del os.environ["LOCAL_WORLD_SIZE"]
+
+
+def test_unresponsive_worker_is_killed_at_the_deadline_and_replaced():
+    """The parent's hard deadline: a worker that does not answer (stopped here, as if stuck in C)."""
+    stuck = _ready_pool()
+    for pid in stuck:
+        os.kill(pid, signal.SIGSTOP)
+    n = len(stuck)  # one item for each stopped worker: they all time out, in parallel
+    start = time.monotonic()
+    scores = verify.score_batch(["\\boxed{7}"] * n, ["7"] * n, ["math"] * n, timeout=TIMEOUT)
+    assert time.monotonic() - start < TIMEOUT + SLACK
+    assert scores == [verify.Score(0.0, 1, "timeout")] * n
+    assert verify.score_batch(["\\boxed{7}"] * 4, ["7"] * 4, ["math"] * 4) == \
+        [verify.Score(1.0, 1, "ok")] * 4
+    alive = _worker_pids()
+    assert not set(stuck) & set(alive) and len(alive) == n  # replaced, and no worker leaked
+
+
+def _kill_busy_workers(times: int) -> threading.Thread:
+    """In the background, SIGKILL the worker that has an item, `times` times (for a slow item)."""
+    def kill():
+        killed, deadline = set(), time.monotonic() + 60
+        while len(killed) < times and time.monotonic() < deadline:
+            for worker in list(verify._pool):
+                if worker.item is not None and worker.process.pid not in killed:
+                    time.sleep(0.3)  # let it get going
+                    os.kill(worker.process.pid, signal.SIGKILL)
+                    killed.add(worker.process.pid)
+            time.sleep(0.02)
+    killer = threading.Thread(target=kill)
+    killer.start()
+    return killer
+
+
+@pytest.mark.parametrize("deaths, reason", [(1, "timeout"), (2, "error: verify worker died twice")])
+def test_item_whose_worker_dies_is_retried_once(deaths, reason):
+    """A worker killed mid-item (OOM killer, a crash): the item gets a second worker, not a third."""
+    victims = _ready_pool()
+    killer = _kill_busy_workers(deaths)
+    score = verify.score_batch(["\\boxed{10^{10^{10^{10}}}}"], ["7"], ["math"], timeout=3.0)[0]
+    killer.join()
+    assert score.reward == 0.0 and score.reason.startswith(reason), score
+    assert verify.score_batch([boxed("0.5")], ["\\frac12"], ["math"])[0].reward == 1.0
+    assert len(set(victims) - set(_worker_pids())) == deaths
+
+
+def test_interrupted_batch_leaves_no_stale_answers():
+    """Ctrl-C during a batch: the workers still busy with it must not answer into the next one."""
+    _ready_pool()
+    n = len(verify._pool)
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            verify.score_batch(["\\boxed{10^{10^{10^{10}}}}"] * n, ["7"] * n, ["math"] * n)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert verify.score_batch(["\\boxed{7}"] * n, ["7"] * n, ["math"] * n) == \
+        [verify.Score(1.0, 1, "ok")] * n
+
+
+# ---------------------------------------------------------------------------------------------------
+# QA: SQuAD normalisation, exact match, F1, "Final Answer:" format
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, normalised", [
+    ("The  Eiffel-Tower!", "eiffeltower"),
+    ("An apple, a day.", "apple day"),
+    ("  Barack   Obama's ", "barack obamas"),
+    ("Theatre", "theatre"),  # "the" only as a whole word
+])
+def test_squad_normalize(text, normalised):
+    assert verify.squad_normalize(text) == normalised
+
+
+def test_exact_match_and_f1_hand_worked():
+    assert verify.exact_match("the Eiffel Tower.", "Eiffel Tower") == 1.0
+    assert verify.exact_match("Eiffel Towers", "Eiffel Tower") == 0.0
+    assert verify.exact_match("la tour eiffel", ["Eiffel Tower", "La Tour Eiffel"]) == 1.0
+    # pred tokens [eiffel, tower, in, paris], gold [eiffel, tower]: P = 2/4, R = 1 -> 2/3
+    assert verify.f1_score("the Eiffel Tower in Paris", "Eiffel Tower") == pytest.approx(2 / 3)
+    # "a" is an article: pred [b, c], gold [b, c, d]: P = 1, R = 2/3 -> 0.8
+    assert verify.f1_score("a b c", "b c d") == pytest.approx(0.8)
+    # bags of tokens: "paris" counts once in common -> P = 1/2, R = 1 -> 2/3
+    assert verify.f1_score("Paris paris", "Paris") == pytest.approx(2 / 3)
+    assert verify.f1_score("Tower Eiffel", "Eiffel Tower") == 1.0
+    assert verify.f1_score("Paris", "Eiffel Tower") == 0.0
+    assert verify.f1_score("Tower", ["Paris", "Eiffel Tower"]) == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("response, answer, format_", [
+    ("Step 1.\nFinal Answer: Paris.\nThanks!", "Paris.", 1),
+    ("FINAL ANSWER:\n  Paris", "Paris", 1),
+    ("Final Answer: Lyon\nhmm, no.\nFinal Answer: Paris", "Paris", 0),  # two answers: last counts
+    ("Final Answer:", "", 0),
+    ("The answer is Paris.", None, 0),
+])
+def test_qa_answer_and_format(response, answer, format_):
+    assert verify.qa_answer(response) == answer
+    assert verify.qa_format(response) == format_
+
+
+def test_qa_through_score_batch():
+    responses = ["Hop 1 ... hop 2.\nFinal Answer: The Eiffel Tower.", "Final Answer: Louvre",
+                 "I think it is the Eiffel Tower."]
+    golds = [["Eiffel Tower", "La Tour Eiffel"], "Eiffel Tower", "Eiffel Tower"]
+    assert verify.score_batch(responses, golds, ["qa"] * 3) == [
+        verify.Score(1.0, 1, "ok"), verify.Score(0.0, 1, "wrong"),
+        verify.Score(0.0, 0, "no_final_answer")]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Code: rewards, schema, and the sandbox
+# ---------------------------------------------------------------------------------------------------
+
+ADD_PROGRAM = "a, b = map(int, input().split())\nprint(a + b)"
+ADD = f"```python\n{ADD_PROGRAM}\n```"
+
+
+def score_code(program: str, reference, timeout: float = TIMEOUT) -> verify.Score:
+    return verify.score_batch([f"Here is my solution.\n```python\n{program}\n```"], [reference],
+                              ["code"], timeout=timeout)[0]
+
+
+def test_code_reward_is_fraction_of_tests_passed():
+    tests = {"inputs": ["1 2\n", "3 4\n", "10 -1\n", "0 0\n"], "outputs": ["3\n", "7\n", "9", "1\n"]}
+    scores = verify.score_batch([ADD, ADD, "no code here"], [tests, json.dumps(tests), tests],
+                                ["code"] * 3, timeout=TIMEOUT)
+    assert scores[0] == verify.Score(0.75, 1, "passed 3/4; first failure test 3: wrong output")
+    assert scores[1] == scores[0]  # the PRIME/Eurus JSON-string form
+    assert scores[2] == verify.Score(0.0, 0, "no_code_block")
+    # The right output followed by a crash is a failed test.
+    crash = score_code("print(3)\nraise SystemExit(3)", {"inputs": [""], "outputs": ["3"]})
+    assert crash == verify.Score(0.0, 1, "passed 0/1; first failure test 0: exit code 3")
+
+
+def test_assert_tests():
+    program = "def add(a, b):\n    return a + b"
+    reference = {"asserts": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0",
+                             "assert add(2, 2) == 5"]}
+    score = score_code(program, reference)
+    assert score.reward == pytest.approx(2 / 3) and "test 2: exit code 1" in score.reason
+    # Exiting early with status 0 must not pass the asserts that never ran, and a failing exit
+    # status fails the test even after the token was printed.
+    assert score_code("import sys\nsys.exit(0)", reference).reward == 0.0
+    exit_3_at_the_end = program + "\nimport atexit, os\natexit.register(os._exit, 3)"
+    assert score_code(exit_3_at_the_end, reference).reward == 0.0
+    both_ways = ("import sys\ndef add(a, b):\n    return a + b\nwords = sys.stdin.read().split()\n"
+                 "if words:\n    print(add(int(words[0]), int(words[1])))")
+    mixed = {"inputs": ["2 3\n"], "outputs": ["5\n"], "asserts": ["assert add(1, 1) == 2"]}
+    assert score_code(both_ways, mixed) == verify.Score(1.0, 1, "ok")
+    assert score_code(both_ways, json.dumps(mixed)) == verify.Score(1.0, 1, "ok")
+
+
+def test_code_extraction_and_format_channel():
+    two_blocks = "```python\nprint(0)\n```\nbetter:\n" + ADD
+    with_example = "Input:\n```text\n1 2\n```\nOutput:\n```\n3\n```\nCode:\n" + ADD
+    assert verify.extract_code(with_example) == "a, b = map(int, input().split())\nprint(a + b)\n"
+    scores = verify.score_batch([ADD, two_blocks, with_example],
+                                [{"inputs": ["1 2"], "outputs": ["3"]}] * 3, ["code"] * 3)
+    assert [(s.reward, s.format) for s in scores] == [(1.0, 1), (1.0, 0), (1.0, 0)]
+
+
+def test_bad_arguments_raise_clear_errors():
+    with pytest.raises(ValueError, match=r"kinds\[0\]"):
+        verify.score_batch(["x"], ["1"], ["maths"])
+    with pytest.raises(ValueError, match="differ in length"):
+        verify.score_batch(["x", "y"], ["1"], ["math"])
+    with pytest.raises(ValueError, match=r"references\[1\] \(kind 'code'\) has no tests"):
+        verify.score_batch([ADD, ADD], [{"inputs": ["1"], "outputs": ["1"]}, {}], ["code"] * 2)
+    with pytest.raises(ValueError, match="fn_name"):
+        verify.score_batch([ADD], [{"fn_name": "f", "inputs": [[1]], "outputs": [[1]]}], ["code"])
+    with pytest.raises(ValueError, match=r"references\[0\] \(kind 'qa'\)"):
+        verify.score_batch(["Final Answer: x"], [None], ["qa"])
+
+
+def _sandbox_leftovers() -> list[str]:
+    """Processes running in one of our sandbox directories, and sandbox directories left over."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if MINE in cwd:
+            found.append(f"pid {entry.name} in {cwd}")
+    found += [str(p) for p in Path(tempfile.gettempdir()).glob(f"{MINE}*/verify-sandbox-*")]
+    return found
+
+
+@pytest.fixture
+def no_leftovers():
+    before = set(_sandbox_leftovers())
+    yield
+    deadline = time.monotonic() + 3  # the kernel tears a PID namespace down asynchronously
+    while set(_sandbox_leftovers()) - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert set(_sandbox_leftovers()) - before == set()
+
+
+ONE_TEST = {"inputs": [""], "outputs": ["done"]}  # a hostile program must not get to print "done"
+
+HOSTILE_CODE = {  # name -> (program, what stops it)
+    "infinite loop": ("while True:\n    pass\nprint('done')", "timeout"),
+    "sleep for ever": ("import time\ntime.sleep(10**6)\nprint('done')", "timeout"),
+    "fork bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
+                  "        pass", "timeout"),
+    "allocate 50 GB": ("x = bytearray(50 * 2**30)\nprint('done')", "exit code 1"),
+    "allocate 2 GB": ("x = bytearray(2 * 2**30)\nprint('done')", "exit code 1"),  # > the 1 GiB limit
+    "write a 32 MB file": ("open('big', 'wb').write(b'x' * (32 << 20))\nprint('done')", "exit code"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_CODE)
+def test_hostile_program_scores_zero_in_time(name, no_leftovers):
+    program, stopped_by = HOSTILE_CODE[name]
+    start = time.monotonic()
+    score = score_code(program, ONE_TEST)
+    assert time.monotonic() - start < TIMEOUT + 1.0 + SLACK  # a test's limit + sandbox set-up
+    assert score.reward == 0.0 and f"test 0: {stopped_by}" in score.reason, score
+    assert score_code(ADD_PROGRAM, {"inputs": ["2 2"], "outputs": ["4"]}).reward == 1.0  # still fine
+
+
+def test_process_count_is_limited(no_leftovers):
+    program = ("import os, time\nfor k in range(100):\n    try:\n        if os.fork() == 0:\n"
+               "            time.sleep(5)\n            os._exit(0)\n    except OSError:\n"
+               "        print('limited')\n        break\nelse:\n    print('unlimited')")
+    assert score_code(program, {"inputs": [""], "outputs": ["limited"]}).reward == 1.0
+
+
+def test_program_cannot_kill_its_parent_or_the_workers(no_leftovers):
+    workers = _ready_pool()
+    targets = [] if verify.sandbox_mode() == "rlimits" else [os.getpid(), *workers]
+    program = ("import os, signal\nfor pid in " + repr(targets) + " + [os.getppid()]:\n"
+               "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n"
+               "        pass\nprint('done')")
+    score = score_code(program, ONE_TEST)
+    if verify.sandbox_mode() == "rlimits":  # same user: it kills its parent, a worker, replaced
+        assert score.reward == 0.0 and score.reason.startswith("error: verify worker died")
+    else:  # as 'nobody' it cannot signal root's processes: every kill failed, it ran to the end
+        assert score == verify.Score(1.0, 1, "ok")
+        assert _worker_pids() == workers
+    assert score_code(ADD_PROGRAM, {"inputs": ["2 2"], "outputs": ["4"]}).reward == 1.0  # still fine
+
+
+def test_sandbox_sees_a_minimal_environment_only(no_leftovers):
+    verify.shutdown()  # new workers inherit the secret below: the sandbox must still not see it
+    os.environ["VERIFY_TEST_SECRET"] = "hunter2"
+    try:
+        program = "import os\nprint(os.environ.get('VERIFY_TEST_SECRET', 'absent'))"
+        assert score_code(program, {"inputs": [""], "outputs": ["hunter2"]}).reward == 0.0
+        worker = _worker_pids()[0]
+        assert b"VERIFY_TEST_SECRET=hunter2" in Path(f"/proc/{worker}/environ").read_bytes()
+        names = " ".join(sorted(verify.SANDBOX_ENV))
+        assert score_code("import os\nprint(*sorted(os.environ))",
+                          {"inputs": [""], "outputs": [names]}).reward == 1.0
+    finally:
+        del os.environ["VERIFY_TEST_SECRET"]
+        verify.shutdown()
+
+
+SLEEPER = "import time\ntime.sleep(600)"
+SLEEPING_GRANDCHILD = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                       "        time.sleep(600)\n    os._exit(0)\ntime.sleep(600)")
+
+
+@pytest.mark.parametrize("program", [
+    SLEEPER,
+    pytest.param(SLEEPING_GRANDCHILD, marks=pytest.mark.skipif(
+        verify.sandbox_mode() != "namespaces", reason="needs a PID namespace")),
+])
+def test_worker_killed_mid_code_item_leaves_nothing_behind(program, no_leftovers):
+    """The sandbox dies with the worker that started it (parent-death signals, PID namespace)."""
+    _ready_pool()
+    killer = _kill_busy_workers(2)
+    score = score_code(program, ONE_TEST, timeout=30.0)
+    killer.join()
+    assert score.reward == 0.0 and score.reason.startswith("error: verify worker died"), score
+
+
+@pytest.mark.skipif(verify.sandbox_mode() == "rlimits", reason="needs root to drop to 'nobody'")
+def test_sandbox_cannot_write_outside_its_directory(tmp_path, no_leftovers):
+    targets = [tmp_path / "escaped.txt", Path(__file__).resolve().parents[1] / "escaped.txt"]
+    if verify.sandbox_mode() == "namespaces":  # only then is the world-writable /tmp private
+        targets.append(Path(tempfile.gettempdir()) / f"verify-escape-{os.getpid()}.txt")
+    program = (f"for target in {[str(t) for t in targets]!r}:\n    try:\n"
+               "        open(target, 'w').write('x')\n    except OSError:\n        pass\n"
+               "open('inside.txt', 'w').write('fine')\nprint('ran')")
+    assert score_code(program, {"inputs": [""], "outputs": ["ran"]}).reward == 1.0  # it did run
+    assert [t for t in targets if t.exists()] == []
+
+
+@pytest.mark.skipif(verify.sandbox_mode() != "namespaces", reason="needs PID/network namespaces")
+def test_sandbox_has_no_network(no_leftovers):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    program = ("import socket\ntry:\n"
+               f"    socket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'hi')\n"
+               "    print('connected')\nexcept OSError as error:\n    print('blocked')")
+    try:
+        assert score_code(program, {"inputs": [""], "outputs": ["blocked"]}).reward == 1.0
+        with pytest.raises(TimeoutError):
+            server.accept()
+    finally:
+        server.close()
+
+
+def test_processes_that_leave_the_process_group_are_killed(no_leftovers):
+    """Double-forked, setsid() sleepers escape a process-group kill, but not the worker, a child
+    subreaper that kills all its children after each test (nor, here, the PID namespace)."""
+    program = ("import os, time\nfor _ in range(5):\n    if os.fork() == 0:\n        os.setsid()\n"
+               "        if os.fork() == 0:\n            time.sleep(600)\n        os._exit(0)\n"
+               "print('done')")
+    assert score_code(program, ONE_TEST).reward == 1.0  # it exits at once; its sleepers must go

@@ -1,0 +1,826 @@
+"""Outcome and format rewards: math answers, multi-hop QA answers and code, checked safely and fast.
+
+The verifier is PRIME's only ground truth: every outcome reward r_o, every implicit-PRM label and
+every filter decision comes from here. So it must be right, it must never hang, and nothing a model
+writes may crash the training loop. Public API (train.py, eval.py and the tests use these names):
+
+    score_batch(responses, references, kinds, *, timeout=5.0, workers=None) -> list[Score]
+        Score(reward, format, reason): reward in [0, 1] (0/1 for math and QA, the fraction of tests
+        passed for code), format 0/1 (a separate channel; PASS fuses it), reason "ok", "wrong",
+        "no_boxed", "timeout", "error: ...", ...
+    math_reward(response, gold) -> float            one math item (goes through score_batch)
+    extract_boxed(text) -> str | None               content of the LAST \\boxed{...} / \\fbox{...}
+    squad_normalize / exact_match / f1_score        SQuAD answer normalisation and metrics
+    sandbox_mode() -> str                           which code-sandbox defences this machine allows
+    shutdown()                                      stop the worker pool (also runs at exit)
+
+    >>> score_batch(["... so $\\boxed{\\frac12}$.", "Final Answer: the Eiffel Tower"],
+    ...             ["0.5", ["Eiffel Tower"]], ["math", "qa"])
+    [Score(reward=1.0, format=1, reason='ok'), Score(reward=1.0, format=1, reason='ok')]
+
+References by kind:
+- "math": the gold answer as a LaTeX string ("\\frac{1}{2}", "(3,\\pi/2)", "\\text{(C)}"); an int
+  or float (AMC golds are floats) is accepted too. `$` signs around or inside it are ignored.
+- "qa": the gold answer string, or a list of accepted aliases (the best match counts).
+- "code": a dict of tests, or the same dict as a JSON string (the PRIME/Eurus `ground_truth` form):
+      {"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}  one test per pair: stdin -> stdout
+      {"asserts": ["assert add(1, 2) == 3", ...]}             one test per string, run after the code
+  Both keys may be given (the tests add up). Call-based tests (`fn_name`) are not supported.
+
+Design
+------
+1. Math: we extract the final answer ourselves (the last `\\boxed{}`/`\\fbox{}`, braces matched, like
+   the official grader), then compare it with the gold using math-verify (PASS's checker): both
+   are parsed as LaTeX (`\\boxed{<answer>}`, LatexExtractionConfig), then `verify(gold, answer)`,
+   which knows numbers, fractions, intervals, tuples, sets, matrices, `\\text{}` and `x=` answers.
+   No string shortcut: every answer goes through math-verify, so the real-data tests test it.
+2. Worker pool. math-verify's own timeouts use SIGALRM, which only works in a main thread, and a
+   pathological answer (`10^{10^{10^{10}}}`) can keep sympy busy for ever. So every math and code
+   item runs in a small pool of persistent worker processes, each a fresh interpreter started with
+   `subprocess` (a 'spawn' that does not re-import the caller's `__main__`: train.py may be a script
+   without a main guard; and never a fork of a parent that has torch and its threads loaded). The
+   pool is created lazily, reused across calls, and shut down at exit. Requests and answers are
+   JSON lines on the worker's stdin/stdout; a worker has one item at a time.
+3. Time limits, two of them. In the worker, a SIGALRM timer (0.8 * timeout) interrupts Python-level
+   work (almost all of sympy), the item scores 0 with reason "timeout" and the worker lives on. In
+   the parent, a hard deadline (timeout, counted from when the item was handed over) kills a worker
+   that did not answer (stuck in C, stopped, swapped out) and starts a replacement in the
+   background; the batch carries on with the other workers. If a worker dies, its item is tried
+   once more on another worker, then scores 0 with "error: ...". So a hostile item costs at most
+   `timeout` seconds of one worker (or two worker restarts), never an exception or a hang in the
+   training loop. Caller errors (a wrong kind, a malformed reference) do raise ValueError, naming
+   the item and the field: those are bugs to fix, not model outputs.
+4. QA runs in the calling process: it is a few linear-time string operations.
+5. Code runs in the workers, each test in its own sandboxed process (see `_run_sandboxed`): a fresh
+   temporary directory, no stdin (or the test's input), a minimal environment, CPU-time, memory,
+   file-size, open-file and process-count limits, a wall-clock timeout (`timeout`, per test) that
+   kills the whole process group. `sandbox_mode()` picks the strongest defences the machine allows:
+   - "namespaces" (root, `unshare` works): the program runs as user `nobody` in new PID, network and
+     mount namespaces: it sees only its own processes, has no network (only a loopback that is
+     down), gets empty private /tmp, /var/tmp and /dev/shm, and when the sandbox's first process
+     dies the kernel kills everything the program started, even what left the process group.
+     RLIMIT_NPROC, which does not apply to root, applies to `nobody`: a fork bomb stops at 32.
+   - "nobody" (root, no namespaces): runs as `nobody` with the same limits; no network isolation,
+     and world-writable directories (/tmp) are writable.
+   - "rlimits" (not root): only the limits, the process group and the minimal environment. The
+     program runs as your user: it can read and write what you can. Use a container for RL on code.
+   In every mode the worker is a child subreaper: whatever a program leaves running (double
+   forks, setsid) is re-parented to the worker, which kills and reaps all its children after each
+   test. (Only if the worker itself is killed mid-test can a grandchild outlive it, outside
+   "namespaces".)
+   As root, programs never run as root: without `setpriv` (util-linux), or if `nobody` cannot run
+   this Python (a venv under /root), code items score 0 with a RuntimeError naming the problem.
+   The sandbox stops accidents and crude attacks; it is not a security boundary against a model that
+   targets it (an assert test can be faked by a program that reads its own file for the token).
+6. Linux only: resource limits, prctl and /proc.
+
+Where we differ from the official PRIME math grader (../shared/specs/PRIME.md)
+1. Equivalence by math-verify instead of the official chain (normalised string match, sympy
+   simplify of the difference, numeric check at 1e-4 relative tolerance with percentage variants).
+   math-verify rounds numbers to 6 decimals: 3.1416 != \\pi and 0.33333 != 1/3 here, while the
+   official 1e-4 relative tolerance accepts both.
+2. Only a boxed answer counts: no "the answer is ..." fallback, and `\\boxed 5` without braces is
+   not read (reason "no_boxed"). The official grader reads `\\fbox` only when there is no `\\boxed`;
+   we take whichever comes last. As in the official code, if the last box is not closed (a truncated
+   response) there is no answer, even if an earlier box was complete.
+3. Failures score 0 (the official code scored a global failure 0.5, a bug) and the time limit is
+   per item (default 5 s) instead of 1 s per sympy call and 300 s per sample.
+4. An extracted answer longer than MAX_ANSWER_CHARS scores 0 without parsing ("answer_too_long");
+   the longest gold in our benchmarks has 210 characters.
+5. The format channel is ours (PASS's): exactly one final answer in the expected form.
+QA: PASS's training reward is a case-insensitive exact match with terminal periods stripped; we use
+SQuAD normalisation (also drops punctuation and articles) for training and evaluation alike.
+Code: outputs are compared token by token (whitespace-insensitive), with no float tolerance.
+"""
+
+import atexit
+import ctypes
+import functools
+import json
+import math
+import os
+import pwd
+import re
+import resource
+import shutil
+import signal
+import string
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from multiprocessing.connection import wait as wait_for_readable
+from pathlib import Path
+
+KINDS = ("math", "code", "qa")
+DEFAULT_TIMEOUT = 5.0        # seconds per math/QA item, and per test of a code item
+SOFT_TIMEOUT_FRACTION = 0.8  # the worker interrupts itself at 0.8 * timeout; the parent kills at 1.0
+MAX_ANSWER_CHARS = 1000      # longer boxed answers are not parsed (the longest real gold is 210)
+WORKER_STARTUP_SECONDS = 120.0  # a worker imports sympy and warms up; generous for a loaded machine
+WORKER_MEMORY_BYTES = 4 << 30   # address-space limit of a math worker: sympy blow-ups -> MemoryError
+
+# Code sandbox limits (per test program).
+CODE_MEMORY_BYTES = 1 << 30      # RLIMIT_AS: allocating 50 GB fails with MemoryError
+CODE_FILE_BYTES = 16 << 20       # RLIMIT_FSIZE: largest file (and stdout) a program may write
+CODE_MAX_PROCESSES = 32          # RLIMIT_NPROC for the sandbox user (not enforced for root)
+CODE_MAX_OPEN_FILES = 64         # RLIMIT_NOFILE
+SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+               "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@dataclass(frozen=True)
+class Score:
+    reward: float  # outcome reward r_o in [0, 1]
+    format: int    # 1 if the response has exactly one final answer in the expected form, else 0
+    reason: str    # "ok" when reward is 1, otherwise why not ("wrong", "timeout", "error: ...")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Math: answer extraction and format (run in the calling process: string scans, linear time)
+# ---------------------------------------------------------------------------------------------------
+
+_BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE = re.compile(r"[{}]")
+_UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
+
+
+def _last_box(text: str) -> tuple[str | None, int, str]:
+    """(content of the last box or None, number of boxes, reason when None).
+
+    Like the official `last_boxed_only_string`: find the LAST box opening, then match braces
+    (every `{` and `}` counts, escaped or not) until the depth returns to 0. Iterative, so a box
+    nested 1000 deep is as cheap as any other; the content of `\\boxed{\\boxed{5}}` is "5".
+    """
+    starts = [m.end() for m in _BOX_START.finditer(text)]
+    if not starts:
+        return None, 0, "no_boxed"
+    depth = 1
+    for brace in _BRACE.finditer(text, starts[-1]):
+        depth += 1 if brace.group() == "{" else -1
+        if depth == 0:
+            return text[starts[-1]:brace.start()], len(starts), ""
+    return None, len(starts), "unclosed_boxed"
+
+
+def extract_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, None if there is none.
+
+    "so $x = \\boxed{\\frac{1}{2}}$." -> "\\frac{1}{2}";  "\\boxed{5" (unclosed) -> None.
+    """
+    return _last_box(text)[0]
+
+
+def math_format(response: str) -> int:
+    """Format reward for math: 1 iff the response has exactly one box, closed and not empty."""
+    content, n_boxes, _ = _last_box(response)
+    return int(n_boxes == 1 and content is not None and content.strip() != "")
+
+
+def _clean_latex(answer: str) -> str:
+    """Drop unescaped `$` (OlympiadBench golds look like "$69$,$84$") and surrounding space."""
+    return _UNESCAPED_DOLLAR.sub("", answer).strip()
+
+
+# ---------------------------------------------------------------------------------------------------
+# QA: PASS's "Final Answer: ..." format and SQuAD metrics (run in the calling process)
+# ---------------------------------------------------------------------------------------------------
+
+_FINAL_ANSWER = re.compile(r"final answer\s*:", re.IGNORECASE)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = set(string.punctuation)
+
+
+def squad_normalize(text: str) -> str:
+    """SQuAD v1.1 answer normalisation: lower case, drop punctuation, drop articles, squash spaces.
+
+    "The  Eiffel-Tower!" -> "eiffeltower";  "an Apple a day" -> "apple day".
+    """
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match(prediction: str, gold: str | list[str]) -> float:
+    """1.0 if the normalised prediction equals a normalised gold alias, else 0.0."""
+    aliases = [gold] if isinstance(gold, str) else gold
+    return float(any(squad_normalize(prediction) == squad_normalize(alias) for alias in aliases))
+
+
+def f1_score(prediction: str, gold: str | list[str]) -> float:
+    """SQuAD v1.1 token F1 (best alias): F1 = 2PR/(P+R) over the bag of normalised tokens.
+
+    "the Eiffel Tower in Paris" vs "Eiffel Tower": common 2, P = 2/4, R = 2/2 -> F1 = 2/3.
+    """
+    aliases = [gold] if isinstance(gold, str) else gold
+    pred_tokens = squad_normalize(prediction).split()
+    best = 0.0
+    for alias in aliases:
+        gold_tokens = squad_normalize(alias).split()
+        common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+        if common > 0:
+            precision, recall = common / len(pred_tokens), common / len(gold_tokens)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
+def qa_answer(response: str) -> str | None:
+    """The text after the last "Final Answer:" (any case), to the end of its line; None if absent.
+
+    "It is Paris.\\nFinal Answer: Paris." -> "Paris."  (the answer may also start on the next line)
+    """
+    markers = list(_FINAL_ANSWER.finditer(response))
+    if not markers:
+        return None
+    rest = response[markers[-1].end():].lstrip()
+    return rest.split("\n", 1)[0].strip()
+
+
+def qa_format(response: str) -> int:
+    """Format reward for QA: 1 iff exactly one "Final Answer:" marker, followed by an answer."""
+    return int(len(_FINAL_ANSWER.findall(response)) == 1 and bool(qa_answer(response)))
+
+
+def _score_qa(response: str, gold: str | list[str]) -> Score:
+    answer = qa_answer(response)
+    if answer is None:
+        return Score(0.0, 0, "no_final_answer")
+    reward = exact_match(answer, gold)
+    return Score(reward, qa_format(response), "ok" if reward == 1.0 else "wrong")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Code: program extraction, reference schema, sandbox
+# ---------------------------------------------------------------------------------------------------
+
+# Any fenced block, whatever its language tag, so that fences pair up as the writer meant.
+_FENCED_BLOCK = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)```", re.DOTALL)
+_PYTHON_TAGS = ("", "python", "python3", "py")
+
+
+def _python_blocks(response: str) -> list[str]:
+    return [code for tag, code in _FENCED_BLOCK.findall(response) if tag.lower() in _PYTHON_TAGS]
+
+
+def extract_code(response: str) -> str | None:
+    """The last ```python (or ```py, or untagged) fenced block of the response, None if none."""
+    blocks = _python_blocks(response)
+    return blocks[-1] if blocks else None
+
+
+def code_format(response: str) -> int:
+    """Format reward for code: 1 iff exactly one Python code block."""
+    return int(len(_python_blocks(response)) == 1)
+
+
+def _code_tests(reference, index: int) -> list[dict]:
+    """Validate a code reference and flatten it to [{"stdin", "stdout"} | {"assert"}, ...]."""
+    where = f"references[{index}] (kind 'code')"
+    if isinstance(reference, str):
+        try:
+            reference = json.loads(reference)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where} is a string but not JSON: {error}") from None
+    if not isinstance(reference, dict):
+        raise ValueError(f"{where} must be a dict of tests, got {type(reference).__name__}")
+    if "fn_name" in reference:
+        raise ValueError(f"{where} has 'fn_name': call-based tests are not supported, "
+                         "write them as 'asserts'")
+    inputs, outputs = reference.get("inputs", []), reference.get("outputs", [])
+    asserts = reference.get("asserts", [])
+    if not (isinstance(inputs, list) and isinstance(outputs, list) and len(inputs) == len(outputs)):
+        raise ValueError(f"{where}: 'inputs' and 'outputs' must be lists of the same length")
+    if not all(isinstance(x, str) for x in inputs + outputs):
+        raise ValueError(f"{where}: every 'inputs'/'outputs' entry must be a string")
+    if not (isinstance(asserts, list) and all(isinstance(a, str) for a in asserts)):
+        raise ValueError(f"{where}: 'asserts' must be a list of strings (one test each)")
+    tests = [{"stdin": i, "stdout": o} for i, o in zip(inputs, outputs)]
+    tests += [{"assert": a} for a in asserts]
+    if not tests:
+        raise ValueError(f"{where} has no tests: give 'inputs'/'outputs' and/or 'asserts'")
+    return tests
+
+
+def _sandbox_user() -> tuple[int, int]:
+    """(uid, gid) of `nobody`, the user sandboxed programs run as when we are root."""
+    try:
+        entry = pwd.getpwnam("nobody")
+        return entry.pw_uid, entry.pw_gid
+    except KeyError:
+        return 65534, 65534
+
+
+def _as_nobody(program: list[str]) -> list[str]:
+    """Run `program` as `nobody`, with no way to regain privileges (setpriv, from util-linux).
+
+    setpriv sets the parent-death signal again after the change of user (which clears it), so the
+    program dies with the process that started it.
+    """
+    uid, gid = _sandbox_user()
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs",
+            "--pdeathsig", "SIGKILL", "--", *program]
+
+
+# Runs as root inside the new namespaces: give the program empty private temporary directories,
+# then run it (as `nobody`, via setpriv). `sh` stays the namespace's first process (no `exec`): it
+# has unshare's parent-death signal, and when it dies the kernel kills every process in the
+# namespace, including those that left the process group.
+_NAMESPACE_SCRIPT = """
+work=$PWD
+for d in /tmp /var/tmp /dev/shm; do
+  if [ -d "$d" ]; then mount -t tmpfs -o size=16m,mode=1777 tmpfs "$d" || exit 125; fi
+done
+if [ ! -d "$work" ]; then  # it was under a masked directory: bind it back at the same path
+  mkdir -p "$work" && mount --no-canonicalize --bind . "$work" || exit 125
+fi
+cd "$work" && unset PWD OLDPWD || exit 125
+"$@"
+exit $?
+"""
+
+
+def _sandbox_command(mode: str, program: list[str]) -> list[str]:
+    if mode == "rlimits":
+        return program
+    if mode == "nobody":
+        return _as_nobody(program)
+    return ["unshare", "--pid", "--net", "--mount", "--mount-proc", "--fork", "--kill-child", "--",
+            "sh", "-c", _NAMESPACE_SCRIPT, "sh", *_as_nobody(program)]
+
+
+@functools.cache
+def sandbox_mode() -> str:
+    """"namespaces", "nobody" or "rlimits": the code-sandbox defences available (see the top).
+
+    Found once per process by running a tiny program exactly as real ones are run.
+    """
+    if os.geteuid() != 0:
+        return "rlimits"
+    if not shutil.which("setpriv"):
+        raise RuntimeError("code sandbox: we run as root, and without util-linux's `setpriv` "
+                           "programs would run as root too; install it (or run as another user)")
+    uid = str(_sandbox_user()[0])
+    probe = [sys.executable, "-I", "-c", "import os; print(os.getuid())"]
+    run = functools.partial(subprocess.run, capture_output=True, timeout=60, env=SANDBOX_ENV,
+                            cwd="/", stdin=subprocess.DEVNULL)
+    if shutil.which("unshare"):
+        try:
+            result = run(_sandbox_command("namespaces", probe))
+            if result.returncode == 0 and result.stdout.decode().strip() == uid:
+                return "namespaces"
+        except (OSError, subprocess.SubprocessError):
+            pass  # e.g. a container without CAP_SYS_ADMIN
+    result = run(_sandbox_command("nobody", probe))
+    if result.returncode == 0 and result.stdout.decode().strip() == uid:
+        return "nobody"
+    # Typically a Python under /root, which `nobody` may not enter: every code test would fail.
+    raise RuntimeError(f"code sandbox: user 'nobody' cannot run {sys.executable}: "
+                       f"{result.stderr.decode(errors='replace')[-300:]}")
+
+
+def _set_parent_death_signal() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+_reaper = False  # True in a worker: orphans of its sandboxes become its children
+
+
+def _become_reaper() -> None:
+    """PR_SET_CHILD_SUBREAPER: processes a sandboxed program leaves behind (double-forked, setsid)
+    are re-parented to this worker instead of to init, so `_kill_children` finds them all."""
+    global _reaper
+    if sys.platform.startswith("linux"):
+        _reaper = ctypes.CDLL(None, use_errno=True).prctl(36, 1) == 0  # 36 = PR_SET_CHILD_SUBREAPER
+
+
+def _kill_children() -> None:
+    """SIGKILL and reap every child of this worker. Between tests its only children are what a
+    sandboxed program left running; reaping also frees their slots under RLIMIT_NPROC at once."""
+    while _reaper:
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                    children.append(int(stat.parent.name))
+            except (OSError, IndexError, ValueError):
+                pass  # it exited while we looked
+        if not children:
+            return
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+def _lower_limit(which: int, value: int) -> None:
+    """Set soft and hard limit to `value`, or keep the current hard limit if it is lower."""
+    hard = resource.getrlimit(which)[1]
+    value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
+def _limit_sandbox(timeout: float) -> None:
+    """Pre-exec hook of a sandbox (runs in the child between fork and exec); children inherit it."""
+    cpu_seconds = math.ceil(timeout) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
+    _lower_limit(resource.RLIMIT_AS, CODE_MEMORY_BYTES)
+    _lower_limit(resource.RLIMIT_FSIZE, CODE_FILE_BYTES)
+    _lower_limit(resource.RLIMIT_NPROC, CODE_MAX_PROCESSES)
+    _lower_limit(resource.RLIMIT_NOFILE, CODE_MAX_OPEN_FILES)
+    _lower_limit(resource.RLIMIT_CORE, 0)
+    _set_parent_death_signal()  # if the worker dies, so does the sandbox (unshare, setpriv, python)
+
+
+def _run_sandboxed(source: str, stdin_text: str | None, timeout: float) -> tuple[int | None, str]:
+    """Run a Python program in the sandbox: (exit code, or None on timeout; its stdout)."""
+    mode = sandbox_mode()
+    workdir = tempfile.mkdtemp(prefix="verify-sandbox-")
+    try:
+        Path(workdir, "main.py").write_text(source, encoding="utf-8", errors="replace")
+        if mode != "rlimits":
+            os.chown(workdir, *_sandbox_user())  # its only writable directory
+        command = _sandbox_command(mode, [sys.executable, "-I", "main.py"])
+        with tempfile.TemporaryFile() as stdin_file, tempfile.TemporaryFile() as stdout_file:
+            stdin_file.write((stdin_text or "").encode("utf-8", errors="replace"))
+            stdin_file.seek(0)
+            process = subprocess.Popen(
+                command, cwd=workdir, env=SANDBOX_ENV,
+                stdin=stdin_file if stdin_text is not None else subprocess.DEVNULL,
+                stdout=stdout_file,  # a file, capped by RLIMIT_FSIZE: no pipe to fill or drain
+                stderr=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=functools.partial(_limit_sandbox, timeout))
+            try:
+                returncode = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                returncode = None
+            finally:
+                # Kill the process group (and, in "namespaces", with its first process the whole
+                # PID namespace): also whatever the program left running after it exited.
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                process.wait()
+            stdout_file.seek(0)
+            stdout = stdout_file.read(CODE_FILE_BYTES).decode("utf-8", errors="replace")
+        return returncode, stdout
+    finally:
+        _kill_children()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_code_tests(program: str, tests: list[dict], timeout: float) -> tuple[float, str]:
+    """Reward = fraction of tests passed; each test is one sandboxed run of the program.
+
+    stdin/stdout test: exit code 0 and the same whitespace-separated tokens as expected.
+    assert test: the program, then the assert, then a print of a random token; passes on exit
+    code 0 with the token as the last line (so `exit(0)` at the top does not pass every test).
+    """
+    passed, first_failure = 0, ""
+    for k, test in enumerate(tests):
+        if "assert" in test:
+            token = os.urandom(8).hex()
+            source = f"{program}\n\n{test['assert']}\nprint({token!r})\n"
+            returncode, stdout = _run_sandboxed(source, None, timeout)
+            lines = stdout.strip().splitlines()
+            ok_output = bool(lines) and lines[-1].strip() == token
+        else:
+            returncode, stdout = _run_sandboxed(program, test["stdin"], timeout)
+            ok_output = stdout.split() == test["stdout"].split()
+        if returncode == 0 and ok_output:
+            passed += 1
+        elif not first_failure:
+            why = ("timeout" if returncode is None else
+                   f"exit code {returncode}" if returncode != 0 else "wrong output")
+            first_failure = f"test {k}: {why}"
+    if passed == len(tests):
+        return 1.0, "ok"
+    return passed / len(tests), f"passed {passed}/{len(tests)}; first failure {first_failure}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Worker process: one item at a time, JSON lines on stdin/stdout
+# ---------------------------------------------------------------------------------------------------
+
+
+class _SoftTimeout(BaseException):
+    """Raised by the worker's SIGALRM; a BaseException, so math-verify's `except Exception` lets it
+    through."""
+
+
+def _raise_soft_timeout(signum, frame):
+    raise _SoftTimeout()
+
+
+def _math_equal(answer: str, gold: str) -> bool:
+    """math-verify: parse both as the content of a box, then verify(gold, answer) (not symmetric)."""
+    from math_verify import LatexExtractionConfig, parse, verify  # only workers import sympy
+
+    config = [LatexExtractionConfig(boxed_match_priority=0)]
+    # Timeouts None: math-verify's SIGALRM timers are replaced by the worker's own, per item.
+    gold_parsed = parse("\\boxed{" + _clean_latex(gold) + "}", config, parsing_timeout=None)
+    answer_parsed = parse("\\boxed{" + _clean_latex(answer) + "}", config, parsing_timeout=None)
+    return verify(gold_parsed, answer_parsed, timeout_seconds=None)
+
+
+# One answer of each common shape. The LaTeX parser (ANTLR) caches its decisions as it meets new
+# constructs, and a cold parse costs about twice a warm one: warming up pays that once, at startup.
+_WARM_UP = [("\\frac{1}{2}", "0.5"), ("\\dfrac{3}{4}", "\\frac34"), ("2\\sqrt{3}", "\\sqrt{12}"),
+            ("x=5", "5"), ("(3, \\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+            ("[-2, 7)", "[-2,7)"), ("(-\\infty, 0] \\cup (1, \\infty)", "x \\le 0"),
+            ("\\{1, 2\\}", "1, 2"), ("\\begin{pmatrix} 1 \\\\ -2 \\end{pmatrix}", "(1,-2)"),
+            ("\\text{(C)}", "C"), ("30^\\circ", "30"), ("\\$18.90", "18.9"), ("10\\%", "0.1"),
+            ("3x^2 - 2x + 1", "1-2x+3x^2"), ("e^{i\\pi/4}", "\\frac{1+i}{\\sqrt2}"), ("52_8", "42"),
+            ("\\log_2 5", "\\ln 5/\\ln 2"), ("\\sin x + \\cos^2 y", "p - q"), ("1{,}000", "1000"),
+            ("\\infty", "-\\infty"), ("a \\ge 3", "\\binom{5}{2}")]
+
+
+def _do_job(job: dict) -> tuple[float, str]:
+    if job["kind"] == "code":  # code has its own per-test wall-clock limits
+        return _run_code_tests(job["program"], job["tests"], job["timeout"])
+    signal.setitimer(signal.ITIMER_REAL, SOFT_TIMEOUT_FRACTION * job["timeout"])
+    try:
+        correct = _math_equal(job["answer"], job["gold"])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    return (1.0, "ok") if correct else (0.0, "wrong")
+
+
+def _worker_main(parent_pid: int) -> None:
+    """Entry point of a worker process (started by `_start_worker`)."""
+    import logging
+
+    _set_parent_death_signal()  # the parent may be SIGKILLed while we are stuck in C
+    if os.getppid() != parent_pid:
+        os._exit(0)  # it already died before the line above
+    _become_reaper()
+    logging.disable(logging.CRITICAL)  # math-verify logs every timeout and parse failure
+    _lower_limit(resource.RLIMIT_AS, WORKER_MEMORY_BYTES)
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # stray prints from libraries go to stderr, not into the protocol
+    signal.signal(signal.SIGALRM, _raise_soft_timeout)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+
+    def answer(message: dict) -> None:
+        try:
+            answers.write(json.dumps(message) + "\n")
+            answers.flush()
+        except BrokenPipeError:  # the parent stopped listening (shutdown): nothing left to do
+            os._exit(0)
+
+    for answer_text, gold in _WARM_UP:  # before saying ready: the first real items are not slower
+        _math_equal(answer_text, gold)
+    answer({"ready": True})
+    for line in sys.stdin.buffer:  # ends when the parent closes our stdin (or dies)
+        job = json.loads(line)
+        try:
+            reward, reason = _do_job(job)
+        except _SoftTimeout:  # also when it fires inside _do_job's `finally`
+            reward, reason = 0.0, "timeout"
+        except Exception as error:  # noqa: BLE001 -- any error of any item scores 0, with its reason
+            reward, reason = 0.0, f"error: {type(error).__name__}: {error}"[:300]
+        answer({"reward": reward, "reason": reason})
+
+
+# ---------------------------------------------------------------------------------------------------
+# Worker pool (calling process)
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Worker:
+    process: subprocess.Popen
+    scratch: str                 # its temporary directory (TMPDIR): removed with the worker
+    ready: bool = False          # said hello (imports done, warmed up)
+    item: int | None = None      # index in the batch of the item it is working on
+    deadline: float = 0.0        # time.monotonic() by which it must be ready / answer
+
+
+_pool: list[_Worker] = []
+_pool_owner = 0                  # pid that started _pool (a forked child must not use it)
+_pool_lock = threading.Lock()    # one batch at a time through the pool
+_failed_starts = 0               # workers in a row that died before saying ready
+MAX_FAILED_STARTS = 3            # then the environment is broken (e.g. math-verify missing): raise
+
+
+def _start_worker() -> _Worker:
+    here, name = os.path.dirname(os.path.abspath(__file__)), Path(__file__).stem
+    code = (f"import sys; sys.path.insert(0, {here!r}); import {name}; "
+            f"{name}._worker_main({os.getpid()})")
+    # The worker's sandboxes live in here: if it is killed mid-test, we still clean them up.
+    scratch = tempfile.mkdtemp(prefix=f"verify-worker-{os.getpid()}-")
+    os.chmod(scratch, 0o711)  # the sandbox user must be able to walk through to its directory
+    # The worker asks to be killed when the thread that starts it exits (PR_SET_PDEATHSIG): call
+    # score_batch from a long-lived thread, or each batch pays for new workers.
+    process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, start_new_session=True,
+                               env={**os.environ, "TMPDIR": scratch})
+    return _Worker(process, scratch, deadline=time.monotonic() + WORKER_STARTUP_SECONDS)
+
+
+def _stop_worker(worker: _Worker, kill: bool) -> None:
+    if kill:
+        worker.process.kill()
+    for pipe in (worker.process.stdin, worker.process.stdout):
+        try:
+            pipe.close()  # closing stdin asks a healthy worker to exit
+        except OSError:
+            pass
+    try:
+        worker.process.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        worker.process.kill()
+        worker.process.wait()
+    shutil.rmtree(worker.scratch, ignore_errors=True)
+
+
+def _stop_pool(kill: bool) -> None:
+    global _pool
+    if _pool_owner == os.getpid():  # a forked child leaves its parent's workers alone
+        for worker in _pool:
+            _stop_worker(worker, kill)
+    _pool = []
+
+
+def shutdown() -> None:
+    """Stop the worker pool. Runs at exit; call it yourself to free the workers' memory earlier."""
+    with _pool_lock:
+        _stop_pool(kill=False)
+
+
+atexit.register(shutdown)
+
+
+def _resize_pool(n_workers: int) -> None:
+    global _pool, _pool_owner
+    if _pool_owner != os.getpid():  # first use, or we are a fork: its workers are not ours
+        _pool, _pool_owner = [], os.getpid()
+    for worker in [w for w in _pool if w.process.poll() is not None]:  # died between batches
+        _pool.remove(worker)
+        _stop_worker(worker, kill=True)
+    while len(_pool) > n_workers:
+        _stop_worker(_pool.pop(), kill=False)
+    while len(_pool) < n_workers:
+        _pool.append(_start_worker())
+
+
+def _replace(worker: _Worker) -> None:
+    _pool.remove(worker)
+    _stop_worker(worker, kill=True)
+    _pool.append(_start_worker())  # it warms up in the background; used once it says ready
+
+
+def _default_workers() -> int:
+    """The CPUs this process may use, shared among the ranks on this node (torchrun sets
+    LOCAL_WORLD_SIZE): 8 ranks on a 64-core node get 8 workers each, not 64."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def _item_seconds(job: dict) -> float:
+    """The parent's hard deadline for one item."""
+    if job["kind"] == "code":  # per test: the timeout plus ~1 s to set up and tear down a sandbox
+        return len(job["tests"]) * (job["timeout"] + 1.0) + 2.0
+    return job["timeout"]
+
+
+def _run_jobs(jobs: dict[int, dict], n_workers: int) -> dict[int, tuple[float, str]]:
+    """Run jobs (batch index -> request) on the pool; returns batch index -> (reward, reason)."""
+    global _failed_starts
+    _resize_pool(n_workers)
+    todo, results, deaths = deque(jobs), {}, Counter()
+    while len(results) < len(jobs):
+        now = time.monotonic()
+        for worker in list(_pool):  # 1. hand an item to every idle, ready worker
+            if worker.ready and worker.item is None and todo:
+                index = todo.popleft()
+                try:
+                    worker.process.stdin.write((json.dumps(jobs[index]) + "\n").encode())
+                    worker.process.stdin.flush()
+                    worker.item, worker.deadline = index, now + _item_seconds(jobs[index])
+                except OSError:  # it died while idle: retry the item on another worker
+                    todo.appendleft(index)
+                    _replace(worker)
+        # 2. wait for an answer, a hello, a death, or the next deadline
+        waiting = [w for w in _pool if w.item is not None or not w.ready]
+        next_deadline = min(w.deadline for w in waiting)
+        readable = wait_for_readable([w.process.stdout for w in waiting],
+                                     timeout=max(0.0, next_deadline - time.monotonic()))
+        for worker in [w for w in waiting if w.process.stdout in readable]:
+            line = worker.process.stdout.readline()
+            if not line:  # EOF: the worker died
+                code = worker.process.wait()
+                if worker.item is not None:
+                    deaths[worker.item] += 1
+                    if deaths[worker.item] == 1:  # maybe not the item's fault (OOM killer...)
+                        todo.appendleft(worker.item)
+                    else:
+                        results[worker.item] = (0.0, "error: verify worker died twice on this "
+                                                     f"item (exit code {code})")
+                elif not worker.ready:  # killed while starting (OOM killer?), or cannot start
+                    _failed_starts += 1
+                    if _failed_starts >= MAX_FAILED_STARTS:
+                        raise RuntimeError(f"{_failed_starts} verify workers in a row exited while "
+                                           f"starting, the last with code {code} (a traceback, if "
+                                           "any, is on stderr above)")
+                _replace(worker)
+                continue
+            message = json.loads(line)
+            if not worker.ready:
+                worker.ready, _failed_starts = True, 0
+            else:
+                results[worker.item] = (message["reward"], message["reason"])
+                worker.item = None
+        now = time.monotonic()  # 3. kill whoever is past its deadline
+        late = [w for w in _pool if now >= w.deadline and (w.item is not None or not w.ready)]
+        for worker in late:
+            if not worker.ready:
+                raise RuntimeError(f"verify worker not ready after {WORKER_STARTUP_SECONDS} s")
+            results[worker.item] = (0.0, "timeout")
+            _replace(worker)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------------
+
+
+def score_batch(responses: list[str], references: list, kinds: list[str], *,
+                timeout: float = DEFAULT_TIMEOUT, workers: int | None = None) -> list[Score]:
+    """Score a batch of responses: one Score(reward, format, reason) per response, in order.
+
+    `kinds[i]` in {"math", "code", "qa"} says how to read `references[i]` (see the module docstring).
+    `timeout`: seconds per math or QA item, and per test of a code item. `workers`: size of the
+    process pool (default: this process's CPUs / LOCAL_WORLD_SIZE). Never raises because of what a
+    response contains; raises ValueError for malformed arguments.
+    """
+    if not len(responses) == len(references) == len(kinds):
+        raise ValueError(f"responses, references and kinds differ in length: "
+                         f"{len(responses)}, {len(references)}, {len(kinds)}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    workers = _default_workers() if workers is None else workers
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+
+    scores: list[Score | None] = [None] * len(responses)
+    formats, jobs = {}, {}
+    for i, (response, reference, kind) in enumerate(zip(responses, references, kinds)):
+        if not isinstance(response, str):
+            raise ValueError(f"responses[{i}] must be a string, got {type(response).__name__}")
+        if kind == "math":
+            if isinstance(reference, (int, float)) and not isinstance(reference, bool):
+                reference = str(reference)
+            if not isinstance(reference, str):
+                raise ValueError(f"references[{i}] (kind 'math') must be a gold answer string, "
+                                 f"got {type(reference).__name__}")
+            answer, _, reason = _last_box(response)
+            formats[i] = math_format(response)
+            if answer is not None and not answer.strip():
+                answer, reason = None, "empty_boxed"
+            if answer is not None and len(answer) > MAX_ANSWER_CHARS:
+                answer, reason = None, "answer_too_long"
+            if answer is None:
+                scores[i] = Score(0.0, formats[i], reason)
+            else:
+                jobs[i] = {"kind": "math", "answer": answer, "gold": reference, "timeout": timeout}
+        elif kind == "qa":
+            if not (isinstance(reference, str) or (isinstance(reference, list) and reference
+                                                   and all(isinstance(a, str) for a in reference))):
+                raise ValueError(f"references[{i}] (kind 'qa') must be a string or a non-empty "
+                                 "list of strings")
+            scores[i] = _score_qa(response, reference)
+        elif kind == "code":
+            tests = _code_tests(reference, i)
+            program, formats[i] = extract_code(response), code_format(response)
+            if program is None:
+                scores[i] = Score(0.0, formats[i], "no_code_block")
+            else:
+                jobs[i] = {"kind": "code", "program": program, "tests": tests, "timeout": timeout}
+        else:
+            raise ValueError(f"kinds[{i}] must be one of {KINDS}, got {kind!r}")
+
+    if jobs:
+        with _pool_lock:
+            try:
+                results = _run_jobs(jobs, workers)
+            except BaseException:  # e.g. Ctrl-C: busy workers would answer into the next batch
+                _stop_pool(kill=True)
+                raise
+        for i, (reward, reason) in results.items():
+            scores[i] = Score(float(reward), formats[i], reason)
+    return scores
+
+
+def math_reward(response: str, gold: str) -> float:
+    """Outcome reward of one math response: 1.0 if its last boxed answer equals `gold`, else 0.0.
+
+    math_reward("... = \\boxed{\\dfrac{1}{2}}", "0.5") -> 1.0
+    """
+    return score_batch([response], [gold], ["math"])[0].reward
