@@ -23,7 +23,9 @@ Simplifications relative to the paper's setup (each one a choice a reader should
        sampling more prompts until the batch is full (official code). Ranks keep different numbers
        of groups; the shorter ranks run zero-weight micro-batches so DDP's collectives line up.
     3. One PPO epoch, no KL term, no entropy bonus (as the paper's run).
-    4. Generation runs on the training policy with HF `generate` (vLLM: see rollout.py).
+    4. Generation: `--rollout vllm` (the default where vLLM and a GPU are present) runs a vLLM engine
+       inside each rank, fed the policy's weights after every update; `--rollout hf` samples with HF
+       `generate` on the policy itself. Held-out accuracy always uses HF greedy decoding.
 """
 
 import argparse
@@ -46,11 +48,17 @@ import torch.distributed as dist
 import prime
 import toy_task
 import verify
-from rollout import HFRollout, Rollout, left_pad, position_ids_from_mask
+from rollout import HFRollout, Rollout, VLLMRollout, left_pad, position_ids_from_mask
 
 # ---------------------------------------------------------------------------------------------------
 # Configuration: every option the paper studies is a flag
 # ---------------------------------------------------------------------------------------------------
+
+
+def default_rollout() -> str:
+    """--rollout default: vLLM where it is installed and a GPU is present (much faster there), else HF."""
+    import importlib.util
+    return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
 
 
 @dataclass
@@ -130,8 +138,12 @@ class Args:
     gradient_checkpointing: bool = False
     """recompute activations in backward to save memory (big models)"""
     # --- plumbing
-    rollout: str = "hf"
-    """generation backend: 'hf' (vLLM backend: separate issue)"""
+    rollout: str = field(default_factory=default_rollout)
+    """generation backend: 'vllm' (an engine in each rank) or 'hf'; default: vllm where installed and a GPU is present, else hf"""
+    vllm_gpu_memory_utilization: float = 0.3
+    """--rollout vllm: fraction of the WHOLE GPU for vLLM's weights and KV cache; training gets the rest"""
+    vllm_sleep: bool = False
+    """--rollout vllm: free vLLM's GPU memory during the PRM and policy updates (sleep mode; GPU only)"""
     seed: int = 1
     """base seed; rank r uses seed + r"""
     run_name: str = ""
@@ -170,7 +182,7 @@ PRESETS = {
 
 CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass"), rloo_form=("official", "paper"),
                process_norm=("batch", "beta"), reference=("sft", "policy"), prm_update=("after", "before"),
-               prm_loss=("ce", "dpo"), rollout=("hf",), preset=("", "paper", "1.5b"))
+               prm_loss=("ce", "dpo"), rollout=("hf", "vllm"), preset=("", "paper", "1.5b"))
 
 
 def parse_args(argv=None) -> Args:
@@ -665,11 +677,18 @@ def main(argv=None):
     policy, prm = wrap_ddp(policy, d), wrap_ddp(prm, d)
     policy_opt = torch.optim.AdamW(policy.parameters(), lr=args.policy_lr, weight_decay=args.policy_weight_decay)
     prm_opt = torch.optim.AdamW(prm.parameters(), lr=args.prm_lr, weight_decay=0.0)
-    sampler = HFRollout(unwrap(policy), tokenizer, args.max_response_len, args.temperature, args.top_p)
+    if args.rollout == "vllm":  # an engine in this process, fed the policy's weights after every update
+        sampler = VLLMRollout(model_path, tokenizer, args.max_response_len, args.temperature, args.top_p,
+                              max_model_len=args.max_prompt_len + args.max_response_len, seed=args.seed + d.rank,
+                              dtype="bfloat16" if d.device.type == "cuda" else "float32",
+                              gpu_memory_utilization=args.vllm_gpu_memory_utilization, sleep=args.vllm_sleep)
+    else:
+        sampler = HFRollout(unwrap(policy), tokenizer, args.max_response_len, args.temperature, args.top_p)
 
     start_step = 0
     if args.resume:
         start_step = load_checkpoint(run_dir, policy, prm, policy_opt, prm_opt, d)
+        sampler.push_weights(unwrap(policy))  # a vLLM engine loaded model_path, not the checkpoint
         if d.master:
             truncate_metrics(run_dir / "metrics.jsonl", start_step)
         print0(d, f"resumed {run_dir} at step {start_step}")
