@@ -669,8 +669,8 @@ def main(argv=None):
     if args.reference == "sft":
         reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval().requires_grad_(False)
         reference.to(d.device)
-    policy.to(d.device)
-    prm.to(d.device)
+    policy.to(d.device).train()  # from_pretrained returns eval mode; checkpointing needs train mode
+    prm.to(d.device).train()
     if args.gradient_checkpointing:
         for m in (policy, prm):  # non-reentrant checkpointing is the variant that works under DDP
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -207,3 +207,26 @@ def test_verl_parquet_and_jsonl_rows_become_tasks(tmp_path):
     args = train.Args(data=str(tmp_path / "t.jsonl"), user_suffix="=", eval_problems=0)
     tasks, _ = train.load_tasks(args, tokenizer)
     assert tasks[0].answer == "8" and tokenizer.decode(tasks[0].prompt_ids) == "2*4=\n"
+
+
+@pytest.mark.parametrize("flags", [
+    ["--estimator", "grpo"], ["--estimator", "reinforce"], ["--estimator", "prm-value"],
+    ["--estimator", "pass"], ["--estimator", "pass", "--no-process-reward"], ["--no-process-reward"],
+    ["--reference", "policy"], ["--prm-update", "before"], ["--prm-loss", "dpo"],
+    ["--rloo-form", "paper", "--process-norm", "beta"], ["--gradient-checkpointing", "--mini-batches", "2"],
+    ["--filter-truncated", "--filter-low", "0", "--filter-high", "1"],
+], ids=lambda f: " ".join(f))
+def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
+    """Each option the paper studies, one real step in-process (the verifier pool is shared)."""
+    run_dir = train.main(["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--out-dir", str(tmp_path),
+                          "--run-name", "v", "--steps", "2", "--prompts-per-step", "4", "--eval-problems", "4",
+                          "--micro-batch-size", "8", "--filter-low", "0", "--filter-high", "1", *flags])
+    metrics = metrics_of(run_dir)
+    assert len(metrics) == 2
+    # the PRM trained whenever the filter kept something (the truncation filter may keep nothing)
+    assert all(m["prm_loss"] > 0 for m in metrics if m["kept_groups"] > 0)
+    assert any(m["kept_groups"] > 0 for m in metrics) or "--filter-truncated" in flags
+    config = json.loads((run_dir / "config.json").read_text())
+    changed = {k: v for k, v in train.dataclasses.asdict(train.parse_args(flags)).items()
+               if v != getattr(train.Args(), k)}
+    assert changed and {k: config[k] for k in changed} == changed  # the run used the flags it was given
