@@ -3,8 +3,9 @@
 One interface, two backends:
 - `HFRollout`: Hugging Face `generate` on the training policy itself (always available; on CPU and
   for tiny models it is also the fastest).
-- vLLM colocated with training (one engine per rank): planned in a separate issue; it will plug in
-  behind the same `generate(prompt_token_ids, n) -> Rollout` and `push_weights(model)` interface.
+- `VLLMRollout`: a vLLM engine inside each training process (one per rank, "colocated"), fed the
+  policy's new weights after every optimizer step. The fast choice on GPUs; needs `vllm`
+  (requirements-vllm.txt), which this module imports only when a VLLMRollout is built.
 
 Token layout (the same for every backend and for train.py):
 - prompts are LEFT-padded to a common width P, so every response starts at column P;
@@ -14,8 +15,12 @@ Token layout (the same for every backend and for train.py):
 - the K samples of one prompt are contiguous rows (group g = rows [g*K, (g+1)*K)).
 """
 
+import os
+import random
+import socket
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -123,3 +128,145 @@ class HFRollout:
     def decode(self, rollout: Rollout) -> list[str]:
         """Response texts, without padding or EOS."""
         return self.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+
+
+class VLLMRollout:
+    """Sampling with a vLLM engine that lives in this process, one engine per rank (colocated).
+
+    The pattern used by RL trainers today (TRL's `vllm_mode="colocate"`, veRL's hybrid engine):
+    torchrun starts one process per GPU; each builds `LLM(..., distributed_executor_backend=
+    "external_launcher", tensor_parallel_size=1)`, so the engine runs in-process (no engine
+    subprocess: VLLM_ENABLE_V1_MULTIPROCESSING=0) and every rank generates for its own prompt groups.
+
+    Weight sync is where colocated RL silently goes wrong: the engine keeps sampling from the
+    checkpoint it loaded unless it is fed every update. `push_weights(policy)` copies the unwrapped
+    policy's tensors into the engine after each optimizer step (tests/test_rollout_vllm.py checks
+    that vLLM's log-probs then equal the HF policy's).
+
+    Sleep mode (`sleep=True`, GPU only: vLLM refuses it on CPU): after each generate the engine
+    frees its GPU memory (weights and KV cache, `sleep(level=2)`) so the PRM and policy updates can
+    use it; `push_weights` wakes it up, loads the new weights and re-allocates the KV cache.
+
+    Same output as HFRollout: prompts left-padded, responses cut at the first EOS by `cut_at_eos`,
+    groups contiguous. Old log-probs are still recomputed by the HF policy in train.py (vLLM's
+    kernels and bf16 weights give slightly different numbers); `return_logprobs` is for checks.
+    """
+
+    def __init__(self, model_path: str, tokenizer, max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, *, max_model_len: int, seed: int, dtype: str = "float32",
+                 gpu_memory_utilization: float = 0.3, sleep: bool = False):
+        self.tokenizer = tokenizer
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.dtype = getattr(torch, dtype)
+        on_gpu = torch.cuda.is_available()
+        if sleep and not on_gpu:
+            raise SystemExit("VLLMRollout(sleep=True) / --vllm-sleep: vLLM's sleep mode needs a GPU")
+        # external_launcher reads rank and rendezvous from torchrun's variables while it builds the
+        # engine; a plain `python train.py` is a world of one, set up as a 1-process group.
+        single = {}
+        if "RANK" not in os.environ:
+            with socket.socket() as s:  # a free port for that 1-process group
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            single = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            os.environ.update(single)
+        # Building the engine seeds Python, NumPy and torch with `seed`: keep this process's own
+        # random streams (seeded by train.py with seed + rank) as they were.
+        rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+               torch.cuda.get_rng_state_all() if on_gpu else None)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # INFO logs every engine detail
+        from vllm import LLM
+
+        self.llm = LLM(
+            model=model_path, dtype=dtype,  # always explicit: "auto" would turn an fp32 config into fp16
+            tensor_parallel_size=1, distributed_executor_backend="external_launcher",
+            seed=seed,  # seed + rank from train.py: every rank must draw different samples
+            max_model_len=max_model_len,  # prompt + response
+            # GPU: the fraction of the WHOLE GPU that vLLM takes (its weights + KV cache); the rest is
+            # for training. CPU: it would be that fraction of the machine's RAM; a fixed 1 GiB KV
+            # cache is plenty for small models (the VLLM_CPU_KVCACHE_SPACE variable overrides it).
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=None if on_gpu else 2**30,
+            enable_prefix_caching=True,  # the K samples of a prompt share its KV blocks
+            enable_sleep_mode=sleep,
+            # log-probs after temperature (and top-p), i.e. of the distribution actually sampled
+            logprobs_mode="processed_logprobs",
+            # CPU: torch.compile costs ~1 min of start-up on 2 cores for ~10% faster decoding
+            enforce_eager=not on_gpu,
+        )
+        for key in single:  # read only while building: leave no trace that looks like torchrun
+            del os.environ[key]
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])
+        if on_gpu:
+            torch.cuda.set_rng_state_all(rng[3])
+        self.sleep, self.asleep = sleep, False
+
+    @torch.no_grad()
+    def push_weights(self, model) -> None:
+        """Copy the policy's weights into the engine; call after every optimizer step.
+
+        `model` is the unwrapped policy (`ddp.module`): parameter names must be the checkpoint's
+        (`model.layers.0...`), without DDP's `module.` prefix. `reload_weights` with an iterator is
+        the path vllm 0.32 accepts (calling the engine model's `load_weights` directly fails on CPU:
+        its layers were repacked after loading); WITHOUT the iterator it would silently reload the
+        original checkpoint from disk. The prefix cache holds KV computed with the old weights.
+        """
+        assert not hasattr(model, "module"), "push the unwrapped policy (ddp.module): names must not start with module."
+        if self.asleep:
+            torch.cuda.empty_cache()  # hand training's cached blocks back to the GPU for vLLM
+            self.llm.wake_up(tags=["weights"])  # allocated again, contents undefined until loaded
+        weights = ((name, tensor.to(self.dtype)) for name, tensor in model.state_dict().items())
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                          "is_checkpoint_format": True})
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        self.llm.reset_prefix_cache()
+
+    def generate(self, prompt_token_ids: list[list[int]], n: int = 1, greedy: bool = False,
+                 return_logprobs: bool = False) -> Rollout:
+        """K = n samples of each prompt, groups contiguous. `greedy` decodes one answer per prompt."""
+        from vllm import SamplingParams
+
+        assert not self.asleep, "VLLMRollout sleeps after each generate (sleep=True): push_weights wakes it"
+        tok = self.tokenizer
+        params = SamplingParams(
+            n=1 if greedy else n, temperature=0.0 if greedy else self.temperature,
+            top_p=1.0 if greedy else self.top_p, max_tokens=self.max_new_tokens,
+            logprobs=0 if return_logprobs else None,  # 0: only the sampled token's log-prob
+            # Stop at the tokenizer's EOS only, as HFRollout does: by default vLLM would also stop at
+            # every eos id in the model's generation_config.json, which cut_at_eos does not know.
+            ignore_eos=True, stop_token_ids=[tok.eos_token_id],
+            detokenize=False)  # token ids in and out; texts come from our tokenizer (decode)
+        # greedy: n identical answers, so send the prompt n times (prefix caching shares them)
+        requests = [{"prompt_token_ids": ids} for ids in prompt_token_ids for _ in range(n if greedy else 1)]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        if self.sleep:  # free the GPU for the updates; push_weights wakes the engine up
+            self.llm.sleep(level=2)
+            self.asleep = True
+        samples = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
+        for c in samples:  # the EOS that ended a response is part of it, as in HF generate
+            assert c.finish_reason == "length" or c.token_ids[-1] == tok.eos_token_id, c.finish_reason
+        width = max(len(c.token_ids) for c in samples)
+        generated = torch.full((len(samples), width), tok.pad_token_id, dtype=torch.long)  # (B, R)
+        logps = torch.zeros((len(samples), width))  # (B, R)
+        for i, c in enumerate(samples):
+            generated[i, :len(c.token_ids)] = torch.tensor(c.token_ids, dtype=torch.long)
+            if return_logprobs:  # one {token_id: Logprob} dict per position; the sampled id is in it
+                logps[i, :len(c.token_ids)] = torch.tensor([lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)])
+        prompt_ids, prompt_mask = left_pad([ids for ids in prompt_token_ids for _ in range(n)], tok.pad_token_id)
+        response_ids, response_mask, truncated = cut_at_eos(generated, tok.eos_token_id, tok.pad_token_id)
+        sampler_logprobs = logps * response_mask if return_logprobs else None
+        return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, truncated, sampler_logprobs)
+
+    def decode(self, rollout: Rollout) -> list[str]:
+        """Response texts, without padding or EOS."""
+        return self.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+
+    def close(self) -> None:
+        """Shut the engine down. vLLM then destroys its process groups and torch's default group
+        with them, so under torchrun this replaces dist.destroy_process_group() (which, called
+        first, would leave vLLM's exit-time shutdown failing on groups already gone)."""
+        self.llm.llm_engine.engine_core.shutdown()

