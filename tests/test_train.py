@@ -15,18 +15,9 @@ import toy_task
 import train
 from rollout import HFRollout
 
+from conftest import SFT_STEPS
+
 REPO = Path(__file__).resolve().parents[1]
-SFT_STEPS = 300  # a short warmup: enough for the model to write the format, far from solving the task
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    """One SFT checkpoint shared by every test in the session (built once: a few minutes on 2 cores).
-    PRIME_TEST_CACHE=DIR keeps it between sessions while developing; CI starts from nothing."""
-    cache = Path(os.environ["PRIME_TEST_CACHE"]) if os.environ.get("PRIME_TEST_CACHE") else \
-        tmp_path_factory.mktemp("cache")
-    toy_task.sft_checkpoint(cache, SFT_STEPS)
-    return cache
 
 
 def run_train(args, cache_dir, out_dir, timeout=600, torchrun=0):

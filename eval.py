@@ -1,0 +1,594 @@
+"""Benchmark evaluation and training-curve plots, with the PRIME and PASS papers' protocols.
+
+    python eval.py --model runs/<name>/final                    # embedded toy model: toy benchmark
+    python eval.py --model runs/<name>/final --greedy --limit 50
+    python eval.py --model PATH --benchmarks math500,gsm8k,aime24,amc23,minerva,olympiad --greedy
+    python eval.py --model PATH --benchmarks aime24,amc23 --n 16 --temperature 0.6 --top-p 0.95
+    python eval.py --plot runs/A runs/B --plot-out compare.png  # curves of several runs
+
+What one evaluation does, per benchmark:
+    1. load the problems and gold answers from ../shared/data (each file names its gold differently,
+       see BENCHMARKS below and ../shared/data/SOURCES.md);
+    2. build prompts the way train.py builds them: the question plus the paper's suffix
+       "Present the answer in LaTex format: \\boxed{Your answer}", through the model's chat template
+       (plain text if the tokenizer has none); the toy benchmark uses the raw problem text;
+    3. generate n responses per problem with the rollout backend used in training (rollout.py);
+    4. score every response with verify.py (last \\boxed{} answer, compared by math-verify);
+    5. report pass@1, pass@k (unbiased estimator, k = 1, 2, 4, ... <= n), avg@n, mean response length,
+       and a problem-level bootstrap 95% interval of pass@1, as a table on the terminal and as JSON
+       (written atomically, default `<model>/eval.json`), with every problem's extracted answers.
+
+Protocols of the papers (pick the flags accordingly):
+    - PRIME's tables (Table 1): greedy decoding, pass@1 (`--greedy`). The authors re-checked noisy
+      AIME numbers at T = 0.3, top-p 0.95, avg@16 (`--n 16 --temperature 0.3 --top-p 0.95`).
+    - PASS (Table 1 and 5, App. G): n samples per problem, pass@1 and pass@8 by the unbiased
+      estimator averaged over problems, math_verify, the chat template, a 2048-token cap, 2000
+      bootstrap resamples of whole problems (`--n 16 --max-new-tokens 2048`; the paper used n = 32
+      to 128 at T = 1.0, top-p 0.95).
+    - Default here: n = 16 samples at T = 0.6, top-p 0.95, and a 3072-token cap (the paper's training
+      response length); 48 tokens for the toy task (train.py's --max-response-len).
+
+Default benchmarks: `toy` when the tokenizer has no chat template (the embedded model), otherwise
+the six math benchmarks. `--limit N` keeps the first N problems of each (quick checks).
+
+Simplifications relative to the papers' evaluation code:
+    1. One grader, verify.py (math-verify), for every benchmark; PRIME's official grader also
+       accepts "the answer is ..." without a box and compares numbers at 1e-4 relative tolerance.
+    2. OlympiadBench's several answers (is_multiple_answer) are one comma-joined gold, compared as a
+       whole by math-verify; its `unit` field is not appended to the prompt.
+    3. Only math benchmarks; PRIME's code benchmarks (LeetCode, LiveCodeBench) are not included.
+    4. Generation with HF `generate` on one device (vLLM: a later `--rollout` choice, see
+       make_sampler), in chunks of --batch-size responses.
+"""
+
+import argparse
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+import toy_task
+import verify
+from rollout import HFRollout
+
+# The paper's user suffix (PRIME's official prompt; identical to train.py's --user-suffix default).
+SUFFIX = "\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
+MATH_BENCHMARKS = ("math500", "gsm8k", "aime24", "amc23", "minerva", "olympiad")
+BOOTSTRAP_RESAMPLES = 2000  # as PASS's Table 6: 2000 resamples of whole problems
+BOOTSTRAP_SEED = 0
+DATA_DIR = Path(__file__).resolve().parent.parent / "shared" / "data"  # ../shared/data, from any cwd
+TOY_PROBLEMS = 200          # toy_task.heldout_problems' default size, as in train.py
+PHASES = ("rollout", "verify", "prm", "policy", "other")  # train.py's step-time split
+
+# ---------------------------------------------------------------------------------------------------
+# Pass@k and the bootstrap interval
+# ---------------------------------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem from n samples with c correct (Chen et al. 2021; PASS App. G):
+
+        pass@k = 1 - C(n - c, k) / C(n, k)
+
+    The ratio of binomials is computed as a product, never with factorials, so n = 1000 or 10^6
+    neither overflows nor loses precision:  C(n-c, k) / C(n, k) = prod_{j=n-c+1..n} (1 - k / j).
+    pass_at_k(5, 2, 2) -> 1 - C(3,2)/C(5,2) = 1 - 3/10 = 0.7;  pass_at_k(n, c, 1) = c / n.
+    """
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: need 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: need 1 <= k <= n, got n={n}, k={k}")
+    if n - c < k:  # every set of k samples contains a correct one
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / j for j in range(n - c + 1, n + 1))
+
+
+def ks_for(n: int) -> list[int]:
+    """The k of the reported pass@k: powers of two up to n.  ks_for(16) -> [1, 2, 4, 8, 16]."""
+    return [2 ** i for i in range(int(math.log2(n)) + 1)]
+
+
+def bootstrap_interval(values, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+                       ) -> tuple[float, float]:
+    """Percentile bootstrap 95% interval of mean(values), resampling whole problems (PASS Table 6).
+
+    `values` holds one number per problem (its pass@1 = c/n), so each resample carries a problem's
+    full response set. It says how much the score depends on which problems the benchmark happens
+    to contain (30 AIME problems at 27% greedy: about +-16 points), not how two checkpoints differ.
+    """
+    values = np.asarray(values, dtype=np.float64)  # (P,)
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(1)  # (resamples,)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Benchmarks: files, question fields, gold answers (../shared/data/SOURCES.md)
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Item:
+    index: int     # row number in the benchmark file (0-based)
+    question: str  # the problem text, before any template or suffix
+    gold: str      # the gold answer as LaTeX, what verify.py compares against
+
+
+def gold_answer(row: dict) -> str:
+    """MATH-500, AIME, AMC: the `answer` field (AMC's is a JSON float such as 27.0)."""
+    return str(row["answer"])
+
+
+def gold_gsm8k(row: dict) -> str:
+    """GSM8K: the text after the final `####` of `answer` ("... #### 1,600" -> "1,600"; math-verify
+    reads the thousands separator, so a model writing 1600 is right)."""
+    if "####" not in row["answer"]:
+        raise ValueError("its 'answer' has no '####' before the final answer")
+    return row["answer"].split("####")[-1].strip()
+
+
+def gold_minerva(row: dict) -> str:
+    """Minerva Math has no answer field: the gold is the last \\boxed{} of `solution`."""
+    gold = verify.extract_boxed(row["solution"])
+    if gold is None:
+        raise ValueError("its 'solution' has no closed \\boxed{} to take the gold answer from")
+    return gold
+
+
+def gold_olympiad(row: dict) -> str:
+    """OlympiadBench: `final_answer` is a list of one string, which may hold several answers
+    ("$69$,$84$" when is_multiple_answer); joined with ", " if a list ever holds more."""
+    if not isinstance(row["final_answer"], list) or not row["final_answer"]:
+        raise ValueError(f"its 'final_answer' must be a non-empty list, got {row['final_answer']!r}")
+    return ", ".join(str(a) for a in row["final_answer"])
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    path: str                     # file under --data-dir ("" = built in code: the toy task)
+    question: str                 # field holding the problem text
+    gold: Callable[[dict], str]   # row -> gold answer; a missing field raises KeyError
+    rows: int                     # rows in the file (SOURCES.md), checked by the tests
+    max_new_tokens: int = 3072    # default generation cap: the paper's max response length
+    templated: bool = True        # chat template + the paper's suffix; False = the raw problem text
+
+
+BENCHMARKS = {
+    "math500": Benchmark("math500/test.jsonl", "problem", gold_answer, 500),
+    "gsm8k": Benchmark("gsm8k/test.jsonl", "question", gold_gsm8k, 1319),
+    "aime24": Benchmark("aime24/test.jsonl", "problem", gold_answer, 30),
+    "amc23": Benchmark("amc23/test.jsonl", "problem", gold_answer, 40),
+    "minerva": Benchmark("minerva_math/test.jsonl", "problem", gold_minerva, 272),
+    "olympiad": Benchmark("olympiadbench/test.jsonl", "question", gold_olympiad, 675),
+    # PRIME's own copies: its 83-problem AMC set is the "AMC" of PRIME's Table 1; its MATH-500 golds
+    # are cleaned renderings of the same 500 answers; its AIME file holds 2022-2024 (90 problems).
+    "prime_amc": Benchmark("prime_eval/aimo-validation-amc.jsonl", "question", gold_answer, 83),
+    "prime_aime": Benchmark("prime_eval/aimo-validation-aime.jsonl", "question", gold_answer, 90),
+    "prime_math500": Benchmark("prime_eval/math_test_cleaned.json", "problem",
+                               lambda row: str(row["expected_answer"]), 500),
+    # The embedded default's held-out problems, the ones train.py reports start/end accuracy on.
+    "toy": Benchmark("", "prompt", lambda row: row["answer"], TOY_PROBLEMS, max_new_tokens=48,
+                     templated=False),
+}
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a .jsonl file, or of a pandas column-oriented .json (PRIME's MATH-500 copy)."""
+    if not path.exists():
+        raise SystemExit(f"--data-dir: {path} not found (see SOURCES.md in the data folder)")
+    if path.suffix == ".json":  # {"problem": {"0": ..., "1": ...}, "expected_answer": {...}, ...}
+        columns = json.loads(path.read_text(encoding="utf-8"))
+        keys = next(iter(columns.values()))
+        return [{name: columns[name].get(key) for name in columns} for key in keys]
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise SystemExit(f"{path}: line {number} is not JSON ({error})") from None
+    return rows
+
+
+def check_benchmark_names(text: str) -> list[str]:
+    """"math500, gsm8k" -> ["math500", "gsm8k"]; an unknown name fails here, before any loading."""
+    names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    for name in names:
+        if name not in BENCHMARKS:
+            raise SystemExit(f"--benchmarks: unknown benchmark {name!r}; choose from "
+                             f"{', '.join(BENCHMARKS)}")
+    if not names:
+        raise SystemExit("--benchmarks: no benchmark named")
+    return names
+
+
+def load_benchmark(name: str, data_dir: str | Path, limit: int = 0) -> list[Item]:
+    """The problems of one benchmark (the first `limit` if limit > 0), each with its gold answer.
+
+    load_benchmark("gsm8k", "../shared/data", 1)[0].gold -> "18"
+    A missing file, a missing field or an unreadable gold stops with a message naming the
+    benchmark, the file, the row and the field.
+    """
+    check_benchmark_names(name)
+    bench = BENCHMARKS[name]
+    if name == "toy":
+        source = "toy_task.heldout_problems"
+        rows = [{"prompt": p.prompt, "answer": p.answer}
+                for p in toy_task.heldout_problems(limit or TOY_PROBLEMS)]
+    else:
+        source = Path(data_dir) / bench.path
+        rows = read_rows(source)
+    if limit:
+        rows = rows[:limit]
+    if not rows:
+        raise SystemExit(f"--benchmarks {name}: {source} holds no problems")
+    items = []
+    for index, row in enumerate(rows):
+        where = f"--benchmarks {name}: {source} row {index + 1}"
+        try:
+            items.append(Item(index, str(row[bench.question]), bench.gold(row)))
+        except KeyError as error:
+            raise SystemExit(f"{where} has no field {error.args[0]!r} (fields: {sorted(row)}); "
+                             "see SOURCES.md for each benchmark's gold field") from None
+        except ValueError as error:
+            raise SystemExit(f"{where}: {error}") from None
+    return items
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prompts, model, generation backend
+# ---------------------------------------------------------------------------------------------------
+
+
+def build_prompt(tokenizer, question: str, templated: bool = True, system_prompt: str = ""
+                 ) -> tuple[list[int], str]:
+    """(prompt token ids, prompt text) exactly as train.row_to_task builds a training prompt.
+
+    The model must see at evaluation the prompt it was trained on: question + the paper's suffix
+    as the user message, through the chat template with the generation prompt; a tokenizer without
+    a template (a base model, the toy model) gets the plain text. templated=False: the raw question.
+    """
+    if not templated:
+        return list(tokenizer(question)["input_ids"]), question
+    messages = [{"role": "user", "content": question + SUFFIX}]
+    if system_prompt:
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
+            ids = ids["input_ids"]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(ids), text
+    text = "\n\n".join(m["content"] for m in messages)
+    return list(tokenizer(text)["input_ids"]), text
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    if not Path(path).exists() and "/" not in path:
+        raise SystemExit(f"--model {path}: no such local path (and not a hub name like org/model)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as error:
+        raise SystemExit(f"--model {path}: cannot load its tokenizer ({error})") from None
+    if tokenizer.pad_token is None:  # left padding needs a pad id; EOS is the usual stand-in
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(path: str):
+    """The policy in bf16 on a GPU (what vLLM would run) or fp32 on CPU (bf16 matmuls are slow there)."""
+    from transformers import AutoModelForCausalLM
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as error:
+        raise SystemExit(f"--model {path}: cannot load it ({error})") from None
+    return model.to(device).eval()
+
+
+def make_sampler(args, tokenizer, max_new_tokens: int):
+    """The generation backend, model loading included: the one place a `--rollout` choice (vLLM,
+    which loads the weights itself) plugs in, with its name in --rollout's choices. A backend needs
+    generate(prompt_token_ids, n, greedy) -> Rollout and decode(rollout) -> list[str] (rollout.py)."""
+    if args.rollout == "hf":
+        return HFRollout(load_model(args.model), tokenizer, max_new_tokens, args.temperature, args.top_p)
+    raise SystemExit(f"--rollout {args.rollout}: unknown backend")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Evaluation of one benchmark
+# ---------------------------------------------------------------------------------------------------
+
+
+def evaluate(name: str, items: list[Item], sampler, tokenizer, n: int, greedy: bool,
+             batch_size: int = 256, system_prompt: str = "", seed: int = 0) -> dict:
+    """Generate n responses per problem, score them, return the benchmark's metrics and details.
+
+    Metrics (all in [0, 1] except the length):
+      pass@k   mean over problems of pass_at_k(n, c, k), c = responses with reward 1;
+               pass@1 = mean c/n (with --greedy, plain accuracy)
+      avg@n    mean reward over all n x P responses: equal to pass@1 for 0/1 math rewards (it
+               would differ for partial rewards such as a code test pass fraction)
+      pass@1_ci95  problem-level bootstrap interval of pass@1
+      format   fraction of responses with exactly one closed \\boxed{} (verify.py's format channel)
+      response_length  mean tokens per response, EOS included; truncated: no EOS within the cap
+    Details for reading the results: example_prompt (the first prompt as the model saw it) and, per
+    problem, its gold, its number of correct responses, every response's boxed answer, and the
+    first response in full.
+    """
+    from tqdm import tqdm
+
+    bench = BENCHMARKS[name]
+    prompts = [build_prompt(tokenizer, item.question, bench.templated, system_prompt) for item in items]
+    torch.manual_seed(seed)  # each benchmark's samples do not depend on which benchmarks ran before
+    per_call = max(1, batch_size // n)  # prompts per generate call; a prompt's n samples stay together
+    correct, rewards, formats, lengths, truncated, details = [], [], [], [], [], []
+    start = time.time()
+    with tqdm(total=len(items), desc=name, unit="problem", dynamic_ncols=True) as bar:
+        for first in range(0, len(items), per_call):
+            chunk = items[first:first + per_call]
+            rollout = sampler.generate([ids for ids, _ in prompts[first:first + per_call]], n=n,
+                                       greedy=greedy)
+            texts = sampler.decode(rollout)
+            scores = verify.score_batch(texts, [item.gold for item in chunk for _ in range(n)],
+                                        ["math"] * len(texts))
+            for j, item in enumerate(chunk):  # rows j*n .. j*n+n-1 are this problem's samples
+                group = scores[j * n:(j + 1) * n]
+                correct.append(sum(s.reward == 1.0 for s in group))
+                details.append({"index": item.index, "gold": item.gold, "correct": correct[-1],
+                                "answers": [verify.extract_boxed(t) for t in texts[j * n:(j + 1) * n]],
+                                "response": texts[j * n]})
+            rewards += [s.reward for s in scores]
+            formats += [s.format for s in scores]
+            lengths += rollout.response_mask.sum(-1).tolist()
+            truncated += rollout.truncated.tolist()
+            bar.update(len(chunk))
+            bar.set_postfix(pass1=f"{sum(correct) / (n * len(correct)):.3f}")
+
+    per_problem_pass1 = [c / n for c in correct]
+    result = {"problems": len(items), "n": n}
+    for k in ks_for(n):
+        result[f"pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in correct]))
+    result["pass@1_ci95"] = list(bootstrap_interval(per_problem_pass1))
+    result["avg@n"] = float(np.mean(rewards))
+    result["format"] = float(np.mean(formats))
+    result["response_length"] = float(np.mean(lengths))
+    result["truncated"] = float(np.mean(truncated))
+    result["seconds"] = time.time() - start
+    result["example_prompt"] = prompts[0][1]
+    result["per_problem"] = details
+    return result
+
+
+def format_table(results: dict[str, dict]) -> str:
+    """The terminal table: one row per benchmark (percent), then the unweighted average of pass@1
+    over benchmarks (how both papers average: every benchmark weighs the same)."""
+    ks = ks_for(next(iter(results.values()))["n"])
+    header = (f"{'benchmark':<14}{'problems':>9}{'n':>5}{'pass@1':>8}{'95% CI':>16}"
+              + "".join(f"{f'pass@{k}':>9}" for k in ks[1:])
+              + f"{'avg@n':>8}{'format':>8}{'length':>8}{'trunc':>7}{'time':>8}")
+    lines = [header, "-" * len(header)]
+    for name, r in results.items():
+        low, high = r["pass@1_ci95"]
+        lines.append(f"{name:<14}{r['problems']:>9}{r['n']:>5}{100 * r['pass@1']:>8.1f}"
+                     f"{f'[{100 * low:.1f}, {100 * high:.1f}]':>16}"
+                     + "".join(f"{100 * r[f'pass@{k}']:>9.1f}" for k in ks[1:])
+                     + f"{100 * r['avg@n']:>8.1f}{100 * r['format']:>8.1f}"
+                       f"{r['response_length']:>8.1f}{100 * r['truncated']:>7.1f}{r['seconds']:>7.0f}s")
+    if len(results) > 1:
+        average = np.mean([r["pass@1"] for r in results.values()])
+        lines.append(f"{'average':<14}{'':>9}{'':>5}{100 * average:>8.1f}")
+    return "\n".join(lines)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write to a temporary file, then rename: a crash never leaves half a results file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Plots: compare runs the way the papers' Figs. 3-5 do
+# ---------------------------------------------------------------------------------------------------
+
+
+def moving_average(values: list[float], window: int = 10) -> list[float]:
+    """Trailing mean over the last `window` steps, NaNs (steps without a value) skipped; defined
+    from the first step on, so short runs get a curve too.  [1, 2, 3, 4], window 2 -> [1, 1.5, 2.5, 3.5]."""
+    out = []
+    for i in range(len(values)):
+        recent = [v for v in values[max(0, i - window + 1):i + 1] if not math.isnan(v)]
+        out.append(sum(recent) / len(recent) if recent else math.nan)
+    return out
+
+
+def load_run(run_dir: str | Path) -> dict:
+    """A run folder's metrics.jsonl (one dict per step) and summary.json (may be absent mid-run)."""
+    run_dir = Path(run_dir)
+    metrics_path = run_dir / "metrics.jsonl"
+    if not metrics_path.exists():
+        raise SystemExit(f"--plot {run_dir}: no metrics.jsonl there (is it a train.py run folder?)")
+    metrics = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    if not metrics:
+        raise SystemExit(f"--plot {run_dir}: metrics.jsonl is empty")
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    return {"dir": run_dir, "metrics": metrics, "summary": summary}
+
+
+def _series(metrics: list[dict], key: str) -> list[float]:
+    return [math.nan if m.get(key) is None else float(m[key]) for m in metrics]
+
+
+def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
+    """One PNG, six panels, one colour per run:
+      outcome training reward, raw and 10-step moving average  (PRIME Fig. 3a, 4a)
+      held-out accuracy: per-step values where logged, summary start (step 0) and end    (Fig. 3b)
+      PRM pairwise classification accuracy, raw and smoothed                              (Fig. 5)
+      response length (tokens), raw and smoothed
+      seconds per step, raw and smoothed; and the mean split into phases as stacked bars (Table 2)
+    """
+    import matplotlib
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    runs = [load_run(d) for d in run_dirs]
+    names = [r["dir"].name for r in runs]
+    if len(set(names)) < len(names):  # runs/A and other/A: the full paths tell them apart
+        names = [str(r["dir"]) for r in runs]
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(2, 3, figsize=(17, 8.5))
+    curves = [(axes[0, 0], "reward", "outcome training reward"),
+              (axes[0, 2], "prm_accuracy", "PRM pairwise accuracy"),
+              (axes[1, 0], "response_length", "response length (tokens)"),
+              (axes[1, 1], "step_seconds", "seconds per step")]
+    for i, (run, name) in enumerate(zip(runs, names)):
+        colour = colours[i % len(colours)]
+        metrics = run["metrics"]
+        steps = [m["step"] for m in metrics]
+        for m in metrics:
+            m["step_seconds"] = sum(m["time"].values()) if m.get("time") else None
+        for ax, key, _ in curves:
+            values = _series(metrics, key)
+            ax.plot(steps, values, color=colour, alpha=0.3, linewidth=1)
+            ax.plot(steps, moving_average(values), color=colour, label=f"{name} (10-step mean)")
+        # held-out accuracy: per-step points where train.py logged them, plus the summary's ends
+        ax = axes[0, 1]
+        logged = [(m["step"], m["heldout_accuracy"]) for m in metrics if m.get("heldout_accuracy") is not None]
+        if logged:
+            ax.plot(*zip(*logged), "o-", color=colour, label=f"{name} (logged)")
+        summary = run["summary"]
+        ends = [(s, summary[key]) for s, key in ((0, "start_accuracy"), (steps[-1], "end_accuracy"))
+                if summary.get(key) is not None]
+        if ends:
+            ax.plot(*zip(*ends), "s--", color=colour, markerfacecolor="none", label=f"{name} (start/end)")
+        # mean seconds per step, split into train.py's phases (PRIME Table 2)
+        timed = [m["time"] for m in metrics if m.get("time")]
+        left = 0.0
+        for j, phase in enumerate(PHASES):
+            seconds = float(np.mean([t.get(phase, 0.0) for t in timed])) if timed else 0.0
+            axes[1, 2].barh(name, seconds, left=left, color=plt.get_cmap("Set2")(j),  # not a run colour
+                            label=phase if i == 0 else None)
+            left += seconds
+    for ax, _, title in curves:
+        ax.set_title(f"{title} (faint: per step)")
+    axes[0, 1].set_title("held-out accuracy (greedy)")
+    axes[1, 2].set_title("mean seconds per step, by phase")
+    axes[1, 2].set_xlabel("seconds")
+    for ax in axes.flat:
+        if ax is not axes[1, 2]:
+            ax.set_xlabel("step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".tmp{os.getpid()}-{out.name}")  # same suffix: matplotlib picks the format by it
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="", help="a local model folder (runs/<name>/final) or a hub name")
+    p.add_argument("--benchmarks", default="", help="comma-separated, from: " + ", ".join(BENCHMARKS)
+                   + "; default: toy if the tokenizer has no chat template, else " + ",".join(MATH_BENCHMARKS))
+    p.add_argument("--data-dir", default=str(DATA_DIR), help="folder holding the benchmark files "
+                   "(default: ../shared/data beside this repository)")
+    p.add_argument("--n", type=int, default=None, help="responses per problem (default 16; 1 with --greedy)")
+    p.add_argument("--greedy", action="store_true", help="greedy decoding, one response per problem (PRIME's tables)")
+    p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (ignored with --greedy)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (ignored with --greedy)")
+    p.add_argument("--max-new-tokens", type=int, default=0,
+                   help="generation cap; 0 = the benchmarks' default (3072; 48 for toy)")
+    p.add_argument("--limit", type=int, default=0, help="evaluate only the first N problems of each benchmark")
+    p.add_argument("--batch-size", type=int, default=256, help="responses per generate call")
+    p.add_argument("--system-prompt", default="", help="system message for the chat template, as in training")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed, reset before each benchmark")
+    p.add_argument("--rollout", default="hf", choices=("hf",), help="generation backend (vLLM: a later issue)")
+    p.add_argument("--out", default="", help="results JSON; default <model>/eval.json (./eval.json for a hub name)")
+    p.add_argument("--plot", nargs="+", default=None, metavar="RUN_DIR",
+                   help="instead of evaluating: plot these train.py run folders side by side")
+    p.add_argument("--plot-out", default="compare.png", help="where --plot writes its figure")
+    args = p.parse_args(argv)
+    if args.plot is None and not args.model:
+        p.error("--model is required (or --plot RUN_DIR ... to plot runs)")
+    if args.greedy and args.n not in (None, 1):
+        raise SystemExit(f"--greedy decodes one response per problem: drop --n {args.n}")
+    args.n = 1 if args.greedy else (args.n or 16)
+    for flag, value in (("--n", args.n), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise SystemExit(f"{flag} {value}: must be >= 1")
+    if args.limit < 0 or args.max_new_tokens < 0:
+        raise SystemExit("--limit and --max-new-tokens must be >= 0")
+    if not args.greedy and not (args.temperature > 0 and 0 < args.top_p <= 1):
+        raise SystemExit(f"--temperature {args.temperature} / --top-p {args.top_p}: need T > 0 and "
+                         "0 < top-p <= 1 (use --greedy for deterministic decoding)")
+    return args
+
+
+def main(argv=None) -> dict | Path:
+    args = parse_args(argv)
+    if args.plot is not None:
+        out = plot_runs(args.plot, args.plot_out)
+        print(f"wrote {out}")
+        return out
+
+    import transformers
+    transformers.utils.logging.disable_progress_bar()  # one kind of progress bar: ours
+    names = check_benchmark_names(args.benchmarks) if args.benchmarks else None
+    tokenizer = load_tokenizer(args.model)
+    if names is None:
+        names = list(MATH_BENCHMARKS) if getattr(tokenizer, "chat_template", None) else ["toy"]
+    items = {name: load_benchmark(name, args.data_dir, args.limit) for name in names}  # fail fast
+    max_new_tokens = args.max_new_tokens or max(BENCHMARKS[name].max_new_tokens for name in names)
+    sampler = make_sampler(args, tokenizer, max_new_tokens)
+
+    results = {name: evaluate(name, items[name], sampler, tokenizer, args.n, args.greedy,
+                              args.batch_size, args.system_prompt, args.seed) for name in names}
+    report = {
+        "model": args.model,
+        "settings": {"n": args.n, "greedy": args.greedy,
+                     "temperature": None if args.greedy else args.temperature,
+                     "top_p": None if args.greedy else args.top_p, "max_new_tokens": max_new_tokens,
+                     "limit": args.limit, "seed": args.seed, "rollout": args.rollout,
+                     "system_prompt": args.system_prompt, "data_dir": str(args.data_dir),
+                     "bootstrap_resamples": BOOTSTRAP_RESAMPLES},
+        "average_pass@1": float(np.mean([r["pass@1"] for r in results.values()])),
+        "benchmarks": results,
+    }
+    out = Path(args.out) if args.out else (Path(args.model) if Path(args.model).is_dir() else Path(".")) / "eval.json"
+    write_json_atomic(out, report)
+    decoding = "greedy" if args.greedy else f"n={args.n}, T={args.temperature}, top-p={args.top_p}"
+    print(f"\n{args.model} ({decoding}, max {max_new_tokens} new tokens; percent)")
+    print(format_table(results))
+    print(f"results: {out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

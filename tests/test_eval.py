@@ -1,0 +1,324 @@
+"""Tests of eval.py: the pass@k estimator, every benchmark's gold answers, end-to-end evaluations of
+the toy SFT checkpoint on CPU, the run-comparison plot, and the error messages.
+
+    python -m pytest tests/test_eval.py    # ~5 min on 2 idle cores: the SFT warmup and two short
+                                           # train.py runs take most of it
+
+No mocks: the real tiny model, the real rollout, the real verifier pool, the real data files in
+../shared/data and real train.py runs.
+"""
+
+import json
+import math
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+import eval  # noqa: E402  (our eval.py; shadows the builtin only inside this file)
+import toy_task  # noqa: E402
+import verify  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from conftest import SFT_STEPS
+
+
+@pytest.fixture(scope="session")
+def cache(cache_dir):
+    """The session's toy SFT checkpoint folder (tests/conftest.py builds it once for all files)."""
+    return cache_dir
+
+
+@pytest.fixture(scope="session")
+def sft(cache):
+    return toy_task.sft_checkpoint(cache, SFT_STEPS)
+
+
+@pytest.fixture(scope="session")
+def runs(cache, tmp_path_factory):
+    """Two short real train.py runs to compare: PRIME (A) and the outcome-only baseline (B)."""
+    out = tmp_path_factory.mktemp("runs")
+    for name, steps, extra in (("A", 3, []), ("B", 2, ["--no-process-reward"])):
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "train.py"), "--steps", str(steps), "--prompts-per-step", "8",
+             "--eval-problems", "16", "--sft-steps", str(SFT_STEPS), "--cache-dir", str(cache),
+             "--out-dir", str(out), "--run-name", name, *extra],
+            capture_output=True, text=True, timeout=900, cwd=REPO)
+        assert proc.returncode == 0, f"train.py run {name} failed:\n{proc.stderr[-3000:]}"
+    return out / "A", out / "B"
+
+
+def run_eval(capsys, *argv):
+    """eval.py's real entry point in this process (saves a torch import per call); -> (report, stdout)."""
+    report = eval.main([str(a) for a in argv])
+    return report, capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------------
+# pass@k and the bootstrap
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n, c, k, expected", [
+    (1, 0, 1, 0.0),
+    (1, 1, 1, 1.0),
+    (4, 1, 1, 1 / 4),            # pass@1 = c / n
+    (5, 2, 2, 7 / 10),           # 1 - C(3,2)/C(5,2) = 1 - 3/10
+    (10, 3, 5, 11 / 12),         # 1 - C(7,5)/C(10,5) = 1 - 21/252
+    (16, 4, 8, 25 / 26),         # 1 - C(12,8)/C(16,8) = 1 - 495/12870
+    (10, 0, 3, 0.0),             # c = 0: never solved
+    (10, 10, 3, 1.0),            # c = n: always solved
+    (10, 1, 10, 1.0),            # k = n: all samples drawn, one is right
+    (10, 0, 10, 0.0),            # k = n, c = 0
+    (8, 7, 2, 1.0),              # n - c < k: every pair holds a correct sample
+])
+def test_pass_at_k_hand_computed(n, c, k, expected):
+    assert eval.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("c, k", [(1, 1), (10, 100), (500, 64), (3, 999), (990, 5), (0, 1000), (1, 1000)])
+def test_pass_at_k_large_n_matches_exact_fractions(c, k):
+    n = 1000  # C(1000, 500) has 300 digits: factorials in floats would overflow
+    exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+    assert eval.pass_at_k(n, c, k) == pytest.approx(float(exact), abs=1e-12)
+
+
+def test_pass_at_k_rejects_impossible_arguments():
+    for n, c, k in ((4, 5, 1), (4, -1, 1), (4, 1, 0), (4, 1, 5)):
+        with pytest.raises(ValueError, match="pass_at_k"):
+            eval.pass_at_k(n, c, k)
+
+
+def test_ks_are_powers_of_two_up_to_n():
+    assert eval.ks_for(1) == [1]
+    assert eval.ks_for(6) == [1, 2, 4]
+    assert eval.ks_for(16) == [1, 2, 4, 8, 16]
+
+
+def test_bootstrap_interval():
+    assert eval.bootstrap_interval([0.25] * 30) == (0.25, 0.25)
+    # 100 problems, half solved: the normal approximation gives 0.5 +- 1.96 * 0.05
+    low, high = eval.bootstrap_interval([0.0, 1.0] * 50)
+    assert low == pytest.approx(0.402, abs=0.02) and high == pytest.approx(0.598, abs=0.02)
+    assert eval.bootstrap_interval([0.0, 1.0] * 50) == (low, high)  # fixed seed: reproducible
+
+
+def test_moving_average():
+    assert eval.moving_average([1, 2, 3, 4], window=2) == [1, 1.5, 2.5, 3.5]
+    smooth = eval.moving_average([math.nan, 1.0, math.nan, 3.0], window=10)  # PRM accuracy has gaps
+    assert math.isnan(smooth[0]) and smooth[1:] == [1.0, 1.0, 2.0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Benchmarks: every gold answer, through eval.py's own loaders
+# ---------------------------------------------------------------------------------------------------
+
+# A few golds read by hand from the files, so that a loader reading the wrong field is caught (a
+# wrong field could still verify against itself).
+HAND_READ = [("math500", 0, "\\left( 3, \\frac{\\pi}{2} \\right)"), ("gsm8k", 0, "18"),
+             ("aime24", 0, "204"), ("amc23", 0, "27.0"), ("minerva", 0, "1.6"),
+             ("olympiad", 0, "2"), ("prime_amc", 0, "142.0"), ("prime_aime", 0, "116"),
+             ("prime_math500", 0, "4")]
+# Golds math-verify cannot match against themselves, with the reason: none with math-verify 0.9.0.
+KNOWN_FAILURES: dict[tuple[str, int], str] = {}
+
+
+def test_every_gold_verifies_against_itself():
+    items = [(name, item) for name in eval.BENCHMARKS for item in eval.load_benchmark(name, DATA)]
+    for name, bench in eval.BENCHMARKS.items():  # row counts as in SOURCES.md
+        assert sum(n == name for n, _ in items) == bench.rows, name
+    golds = {(name, item.index): item.gold for name, item in items}
+    for name, index, gold in HAND_READ:
+        assert golds[(name, index)] == gold, (name, index)
+    olympiad = [json.loads(line) for line in open(DATA / "olympiadbench/test.jsonl", encoding="utf-8")]
+    multiple = [i for i, row in enumerate(olympiad) if row["is_multiple_answer"]]
+    assert len(multiple) == 94 and golds[("olympiad", multiple[1])] == "$69$,$84$"
+
+    # One batch: each gold boxed as a model would write it; plus the forms models actually write for
+    # GSM8K's thousands separators ("1,600" -> 1600) and AMC's floats ("27.0" -> 27).
+    cases = [(f"The answer is $\\boxed{{{gold}}}$.", gold, key) for key, gold in golds.items()]
+    cases += [(f"\\boxed{{{gold.replace(',', '')}}}", gold, key) for key, gold in golds.items()
+              if key[0] == "gsm8k" and "," in gold]
+    cases += [(f"\\boxed{{{int(float(gold))}}}", gold, key) for key, gold in golds.items()
+              if key[0] in ("amc23", "prime_amc")]
+    scores = verify.score_batch([c[0] for c in cases], [c[1] for c in cases], ["math"] * len(cases))
+    failures = {key: (gold, s.reason) for (_, gold, key), s in zip(cases, scores)
+                if (s.reward, s.format) != (1.0, 1)}
+    assert {k: v for k, v in failures.items() if k not in KNOWN_FAILURES} == {}, \
+        f"{len(failures)} golds do not verify: {list(failures.items())[:10]}"
+    assert sum(key[0] == "gsm8k" for _, _, key in cases) > 1319  # the comma cases did run
+
+
+def test_multiple_answer_gold_needs_all_answers_in_any_order():
+    scores = verify.score_batch(["\\boxed{69}", "\\boxed{84, 69}", "\\boxed{69, 84}"],
+                                ["$69$,$84$"] * 3, ["math"] * 3)
+    assert [s.reward for s in scores] == [0.0, 1.0, 1.0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prompts
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_prompts_match_training_prompts_with_and_without_chat_template(sft):
+    import train
+    tokenizer = eval.load_tokenizer(str(sft))
+    assert eval.SUFFIX == train.Args().user_suffix
+    row = {"problem": "What is $1+1$?", "answer": "2"}
+    for template in (None, "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"
+                           "{% if add_generation_prompt %}[assistant]{% endif %}"):
+        tokenizer.chat_template = template
+        for system in ("", "Think step by step."):
+            ids, text = eval.build_prompt(tokenizer, row["problem"], system_prompt=system)
+            task = train.row_to_task(row, 0, train.Args(system_prompt=system), tokenizer)
+            assert ids == task.prompt_ids
+            if template:
+                assert text.startswith(f"[system]{system}\n" if system else "[user]")
+                assert text.endswith(f"[user]{row['problem']}{eval.SUFFIX}\n[assistant]")
+            else:
+                assert text == (f"{system}\n\n" if system else "") + row["problem"] + eval.SUFFIX
+    tokenizer.chat_template = None
+    problem = toy_task.heldout_problems(1)[0]  # the toy benchmark: the raw problem text
+    assert eval.build_prompt(tokenizer, problem.prompt, templated=False) == (
+        tokenizer(problem.prompt)["input_ids"], problem.prompt)
+
+
+# ---------------------------------------------------------------------------------------------------
+# End to end on CPU with the toy SFT checkpoint
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_toy_benchmark_greedy_from_the_command_line(sft):
+    proc = subprocess.run([sys.executable, str(REPO / "eval.py"), "--model", str(sft), "--greedy",
+                           "--limit", "50"], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((sft / "eval.json").read_text())  # default --out: next to the model
+    assert list(report["benchmarks"]) == ["toy"]  # no chat template: the toy benchmark by default
+    assert not list(sft.glob("*.tmp*"))  # the atomic write left nothing behind
+    toy = report["benchmarks"]["toy"]
+    problems = toy_task.heldout_problems(50)
+    assert toy["problems"] == 50 and toy["n"] == 1 and "pass@2" not in toy
+    assert [p["gold"] for p in toy["per_problem"]] == [p.answer for p in problems]
+    assert toy["example_prompt"] == problems[0].prompt  # raw text: no template, no suffix
+    correct = [p["correct"] for p in toy["per_problem"]]
+    assert set(correct) <= {0, 1} and toy["pass@1"] == pytest.approx(sum(correct) / 50)
+    assert toy["avg@n"] == pytest.approx(toy["pass@1"])
+    low, high = toy["pass@1_ci95"]
+    assert low <= toy["pass@1"] <= high
+    for p in toy["per_problem"]:  # integer answers checked without math-verify
+        answer = p["answers"][0]
+        if answer is not None and answer.isdigit():
+            assert p["correct"] == int(int(answer) == int(p["gold"])), p
+    assert toy["format"] > 0.5, "the SFT model should write one \\boxed{} answer"
+    assert 0 < toy["response_length"] <= 48
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("toy "))
+    assert f"{100 * toy['pass@1']:.1f}" in row.split()
+
+
+def test_toy_benchmark_sampled_pass_at_k(sft, tmp_path, capsys):
+    args = ["--model", sft, "--benchmarks", "toy", "--limit", "12", "--n", "4", "--temperature", "0.6",
+            "--top-p", "0.95", "--seed", "3", "--batch-size", "16", "--out", tmp_path / "a.json"]
+    report, stdout = run_eval(capsys, *args)
+    toy = report["benchmarks"]["toy"]
+    correct = [p["correct"] for p in toy["per_problem"]]
+    assert len(correct) == 12 and all(len(p["answers"]) == 4 for p in toy["per_problem"])
+    for k in (1, 2, 4):
+        assert toy[f"pass@{k}"] == pytest.approx(sum(eval.pass_at_k(4, c, k) for c in correct) / 12)
+    assert "pass@8" not in toy
+    assert toy["pass@1"] <= toy["pass@2"] <= toy["pass@4"]
+    assert toy["avg@n"] == pytest.approx(toy["pass@1"])  # 0/1 math rewards
+    assert report["settings"]["temperature"] == 0.6 and report["settings"]["top_p"] == 0.95
+    assert "pass@4" in stdout and json.loads((tmp_path / "a.json").read_text()) == report
+    again, _ = run_eval(capsys, *args[:-1], tmp_path / "b.json")  # the same seed: the same samples
+    assert [p["answers"] for p in again["benchmarks"]["toy"]["per_problem"]] == \
+           [p["answers"] for p in toy["per_problem"]]
+
+
+def test_math500_slice_end_to_end(sft, tmp_path, capsys):
+    """The toy model scores ~0 on MATH-500; the point is the whole path: prompts, generation in
+    several calls, scoring, table, JSON (with the toy benchmark beside it: two rows and an average)."""
+    report, stdout = run_eval(capsys, "--model", sft, "--benchmarks", "math500,toy", "--greedy", "--limit", "20",
+                              "--max-new-tokens", "32", "--batch-size", "8", "--out", tmp_path / "r.json")
+    assert list(report["benchmarks"]) == ["math500", "toy"]
+    assert report["average_pass@1"] == pytest.approx(
+        (report["benchmarks"]["math500"]["pass@1"] + report["benchmarks"]["toy"]["pass@1"]) / 2)
+    assert report["benchmarks"]["toy"]["example_prompt"] == toy_task.heldout_problems(1)[0].prompt
+    assert any(line.startswith("average ") for line in stdout.splitlines())
+    math500 = report["benchmarks"]["math500"]
+    rows = [json.loads(line) for line in open(DATA / "math500/test.jsonl", encoding="utf-8")][:20]
+    assert math500["problems"] == 20 and [p["gold"] for p in math500["per_problem"]] == [r["answer"] for r in rows]
+    assert math500["example_prompt"] == rows[0]["problem"] + eval.SUFFIX  # no chat template: plain text
+    assert 0.0 <= math500["pass@1"] <= 1.0 and 0 < math500["response_length"] <= 32
+    assert report["settings"]["max_new_tokens"] == 32
+    assert json.loads((tmp_path / "r.json").read_text())["benchmarks"]["math500"]["problems"] == 20
+    assert any(line.startswith("math500 ") for line in stdout.splitlines()) and "95% CI" in stdout
+
+
+def test_toy_greedy_equals_the_runs_own_end_accuracy(runs, tmp_path, capsys):
+    """train.py's end accuracy is greedy on the first 16 held-out problems: eval.py must agree."""
+    run_a, _ = runs
+    report, _ = run_eval(capsys, "--model", run_a / "final", "--greedy", "--limit", "16",
+                         "--out", tmp_path / "r.json")
+    summary = json.loads((run_a / "summary.json").read_text())
+    assert report["benchmarks"]["toy"]["pass@1"] == pytest.approx(summary["end_accuracy"])
+
+
+def test_plot_compares_two_runs(runs, tmp_path, capsys):
+    out = tmp_path / "figs" / "compare.png"
+    eval.main(["--plot", *map(str, runs), "--plot-out", str(out)])
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+    height, width, _ = matplotlib.image.imread(out).shape
+    assert (width, height) == (1700, 850)
+    assert [p.name for p in out.parent.iterdir()] == ["compare.png"]  # no temporary file left
+
+
+# ---------------------------------------------------------------------------------------------------
+# Clear errors
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_unknown_benchmark_from_the_command_line():
+    proc = subprocess.run([sys.executable, str(REPO / "eval.py"), "--model", "unused",
+                           "--benchmarks", "math500,mathh500"], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode != 0
+    assert "--benchmarks: unknown benchmark 'mathh500'; choose from math500, gsm8k" in proc.stderr
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_missing_files_and_fields_name_the_benchmark_file_row_and_field(sft, tmp_path):
+    with pytest.raises(SystemExit, match=r"--data-dir: .*math500/test.jsonl not found"):
+        eval.load_benchmark("math500", tmp_path)
+    _write_jsonl(tmp_path / "math500/test.jsonl", [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?"}])
+    with pytest.raises(SystemExit, match=r"--benchmarks math500: .*test.jsonl row 2 has no field 'answer'"):
+        eval.main(["--model", str(sft), "--benchmarks", "math500", "--data-dir", str(tmp_path)])
+    _write_jsonl(tmp_path / "aime24/test.jsonl", [])
+    with pytest.raises(SystemExit, match=r"--benchmarks aime24: .*test.jsonl holds no problems"):
+        eval.load_benchmark("aime24", tmp_path)
+    _write_jsonl(tmp_path / "gsm8k/test.jsonl", [{"question": "q", "answer": "so 4"}])
+    with pytest.raises(SystemExit, match=r"gsm8k: .* row 1: its 'answer' has no '####'"):
+        eval.load_benchmark("gsm8k", tmp_path)
+    _write_jsonl(tmp_path / "minerva_math/test.jsonl", [{"problem": "q", "solution": "it is 4"}])
+    with pytest.raises(SystemExit, match=r"minerva: .* row 1: its 'solution' has no closed \\boxed"):
+        eval.load_benchmark("minerva", tmp_path)
+    _write_jsonl(tmp_path / "olympiadbench/test.jsonl", [{"question": "q", "final_answer": "4"}])
+    with pytest.raises(SystemExit, match=r"olympiad: .* row 1: its 'final_answer' must be a non-empty list"):
+        eval.load_benchmark("olympiad", tmp_path)
+
+
+def test_bad_flags_and_paths(tmp_path):
+    with pytest.raises(SystemExit, match="--greedy decodes one response per problem: drop --n 4"):
+        eval.main(["--model", "x", "--greedy", "--n", "4"])
+    with pytest.raises(SystemExit, match="--model nowhere: no such local path"):
+        eval.main(["--model", "nowhere", "--benchmarks", "toy"])
+    with pytest.raises(SystemExit, match="--plot .*: no metrics.jsonl there"):
+        eval.main(["--plot", str(tmp_path)])
