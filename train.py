@@ -812,7 +812,6 @@ def main(argv=None):
         times["policy"] += time.time() - t
 
         # 7. Log and checkpoint ----------------------------------------------------------------
-        t = time.time()
         sums = all_reduce([outcome.sum().item(), len(outcome), n_kept_groups, len(tasks),
                            ro.response_mask.sum().item(), float(ro.truncated.sum()),
                            sum(s.format for s in scores), prm_accuracy_sum, sum(prm_losses), len(prm_losses),
@@ -833,6 +832,7 @@ def main(argv=None):
         }
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
             metrics["heldout_accuracy"] = heldout_accuracy(policy, tokenizer, eval_tasks, args, d)
+        times["other"] = (time.time() - t_step) - sum(times.values())  # filter, advantages, metrics, eval
         if d.master:
             with open(run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({**metrics, "time": times}) + "\n")
@@ -842,9 +842,9 @@ def main(argv=None):
                             kept=f"{metrics['kept_groups']}/{metrics['prompts']}")
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_checkpoint(run_dir, step + 1, policy, prm, policy_opt, prm_opt, d)
-        times["other"] = (time.time() - t_step) - sum(times.values())
         for k in phase_totals:
-            phase_totals[k] += times.get(k, 0.0)
+            phase_totals[k] += times[k]
+        phase_totals["other"] += (time.time() - t_step) - sum(times.values())  # + writing, checkpoint
 
     # End: held-out accuracy of the final policy, curves, summary, final checkpoint -------------
     end_accuracy = heldout_accuracy(policy, tokenizer, eval_tasks, args, d)
@@ -866,7 +866,9 @@ def main(argv=None):
                   f"PRM pairwise accuracy (last 10): {_fmt(summary['final_prm_accuracy_10'])}")
         print0(d, f"time per step: {split}; wall {summary['wall_seconds']:.0f}s")
         print0(d, f"run folder: {run_dir} (metrics.jsonl, episodes.jsonl, curves.png, final/, summary.json)")
-    if d.world > 1:
+    if args.rollout == "vllm":
+        sampler.close()  # vLLM's shutdown destroys its process groups, the default one included
+    elif d.world > 1:
         dist.destroy_process_group()
     return run_dir
 

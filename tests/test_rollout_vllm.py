@@ -15,10 +15,10 @@ import torch
 
 import toy_task
 import train
+from conftest import SFT_STEPS
 from rollout import HFRollout, VLLMRollout, cut_at_eos, left_pad
 
 REPO = Path(__file__).resolve().parents[1]
-SFT_STEPS = 300  # as tests/test_train.py: writes the answer format, far from solving the task
 MAX_NEW = 32     # short enough that some answers are cut (truncated), long enough that most finish
 TEMPERATURE = 0.7  # not 1, so a missing or doubled temperature shows up in the log-probs
 # Max |vLLM log-prob - HF log-prob| over sampled tokens, both fp32. Measured on this tiny model:
@@ -37,11 +37,9 @@ def vllm():
 
 
 @pytest.fixture(scope="session")
-def sft_path(tmp_path_factory):
-    """The SFT checkpoint of tests/test_train.py (same steps; PRIME_TEST_CACHE=DIR keeps it between sessions)."""
-    cache = Path(os.environ["PRIME_TEST_CACHE"]) if os.environ.get("PRIME_TEST_CACHE") else \
-        tmp_path_factory.mktemp("cache")
-    return toy_task.sft_checkpoint(cache, SFT_STEPS)
+def sft_path(cache_dir):
+    """The session's toy SFT checkpoint (tests/conftest.py), shared with tests/test_train.py."""
+    return toy_task.sft_checkpoint(cache_dir, SFT_STEPS)
 
 
 @pytest.fixture(scope="module")
