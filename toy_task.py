@@ -75,14 +75,18 @@ def heldout_problems(n: int = 200) -> list[Problem]:
 
 def build_tokenizer():
     """Character-level tokenizer: pad=0, eos=1, unk=2, then one id per character of CHARS."""
-    from tokenizers import Tokenizer, decoders, models
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    # Byte-level symbols (newline is "Ċ"), as Qwen2's tokenizer uses: AutoTokenizer reloads a saved
+    # Qwen2 checkpoint's tokenizer as Qwen2Tokenizer, which byte-maps the text; with a plain "\n"
+    # in the vocabulary the reloaded tokenizer silently dropped every newline.
     vocab = {PAD: 0, EOS: 1, UNK: 2}
-    for ch in CHARS:
+    for ch in CHARS.replace("\n", "Ċ"):
         vocab.setdefault(ch, len(vocab))
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))  # no merges: one char a token
-    core.decoder = decoders.Fuse()  # decode by concatenation, no spaces between characters
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS,
                                    unk_token=UNK, padding_side="left")
 
@@ -165,7 +169,7 @@ def save_pretrained_atomic(model, tokenizer, out_dir: Path, extra: dict | None =
 
 def sft_checkpoint(cache_dir: Path, steps: int, seed: int = 0, log=print) -> Path:
     """The cached SFT checkpoint for (steps, seed), trained on first use."""
-    path = Path(cache_dir) / f"toy-sft-v1-steps{steps}-seed{seed}"
+    path = Path(cache_dir) / f"toy-sft-v2-steps{steps}-seed{seed}"
     if not (path / "config.json").exists():
         log(f"no cached SFT checkpoint at {path}: running the SFT warmup ({steps} steps)")
         run_sft(path, steps, seed=seed, log=log)

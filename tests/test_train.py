@@ -57,6 +57,17 @@ def test_default_run_end_to_end(cache_dir, tmp_path):
     assert moved, "three PRIME steps left the policy's weights unchanged"
 
 
+def test_saved_toy_tokenizer_reloads_with_the_same_ids(cache_dir):
+    """AutoTokenizer reloads the checkpoint's tokenizer as Qwen2Tokenizer: it must give the SFT ids."""
+    from transformers import AutoTokenizer
+    text = "((7+5)*3)-4\n7+5=12\n12*3=36\n36-4=32\n\\boxed{32}"
+    built = toy_task.build_tokenizer()
+    loaded = AutoTokenizer.from_pretrained(toy_task.sft_checkpoint(cache_dir, SFT_STEPS))
+    assert loaded(text)["input_ids"] == built(text)["input_ids"]
+    assert len(built(text)["input_ids"]) == len(text)  # one token per character, newlines included
+    assert loaded.decode(loaded(text)["input_ids"]) == text
+
+
 def test_recomputed_old_logprobs_equal_the_samplers_on_left_padded_prompts(cache_dir):
     path = toy_task.sft_checkpoint(cache_dir, SFT_STEPS)
     from transformers import AutoModelForCausalLM, AutoTokenizer
