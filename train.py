@@ -48,7 +48,7 @@ import torch.distributed as dist
 import prime
 import toy_task
 import verify
-from rollout import HFRollout, Rollout, VLLMRollout, left_pad, position_ids_from_mask
+from rollout import HFRollout, Rollout, VLLMRollout, position_ids_from_mask
 
 # ---------------------------------------------------------------------------------------------------
 # Configuration: every option the paper studies is a flag
@@ -477,6 +477,13 @@ def response_logprobs(model, ro: Rollout, temperature: float = 1.0) -> torch.Ten
     return logp * ro.response_mask.to(device)
 
 
+@torch.no_grad()
+def logprobs_no_grad(model, ro: Rollout, micro_batch_size: int, temperature: float = 1.0) -> torch.Tensor:
+    """response_logprobs for a whole batch, one micro-batch at a time, without a graph."""
+    return torch.cat([response_logprobs(model, ro.select(slice(s, s + micro_batch_size)), temperature)
+                      for s in range(0, len(ro), micro_batch_size)])
+
+
 def micro_batches(n_rows: int, size: int, n_global: int) -> list[tuple[slice, float]]:
     """Row slices of this rank's micro-batches, padded to `n_global` with zero-weight repeats.
 
@@ -741,15 +748,11 @@ def main(argv=None):
 
         # old log-probs and reference log-probs: no gradient, recomputed by the training models
         t = time.time()
-        with torch.no_grad():
-            logp_old = torch.cat([response_logprobs(unwrap(policy), batch.select(s),
-                                                    args.temperature)
-                                  for s in _slices(len(batch), args.micro_batch_size)])
-            if reference is not None:
-                logp_ref = torch.cat([response_logprobs(reference, batch.select(s))
-                                      for s in _slices(len(batch), args.micro_batch_size)])
-            else:  # App. B.1: the rollout policy is the reference
-                logp_ref = logp_old
+        logp_old = logprobs_no_grad(unwrap(policy), batch, args.micro_batch_size, args.temperature)
+        if reference is not None:
+            logp_ref = logprobs_no_grad(reference, batch, args.micro_batch_size)
+        else:  # App. B.1: the rollout policy is the reference
+            logp_ref = logp_old
         times["policy"] = time.time() - t
 
         # 4. Implicit PRM: forward for rewards (Eq. 3) and cross-entropy update -------------------
@@ -768,9 +771,7 @@ def main(argv=None):
             assert args.micro_batch_size % args.n_samples == 0, "--micro-batch-size must hold whole groups for DPO"
         prm_losses = run_update(prm, prm_opt, prm_loss_fn, n_train, args, d, args.prm_grad_clip)
         if args.prm_update == "before":  # double forward: rewards from the updated PRM
-            with torch.no_grad():
-                logp_prm_store = torch.cat([response_logprobs(unwrap(prm), batch.select(s))
-                                            for s in _slices(len(batch), args.micro_batch_size)])
+            logp_prm_store = logprobs_no_grad(unwrap(prm), batch, args.micro_batch_size)
         log_ratio = prime.implicit_process_reward(logp_prm_store, logp_ref, mask, 1.0)  # (B, R)
         prm_accuracy = prime.prm_pairwise_accuracy(log_ratio.sum(-1), batch_outcome, args.n_samples).item()
         prm_accuracy_sum = prm_accuracy * n_kept_groups  # weighted by groups, so ranks average right
@@ -881,9 +882,6 @@ def _nanmean(values) -> float | None:
     values = [v for v in values if v is not None]
     return float(np.mean(values)) if values else None
 
-
-def _slices(n: int, size: int) -> list[slice]:
-    return [slice(s, min(s + size, n)) for s in range(0, n, size)]
 
 
 def write_episodes(run_dir, step, batch, texts, rows, outcome, process, tokenizer, args) -> None:
