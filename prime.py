@@ -410,7 +410,7 @@ def prm_pairwise_accuracy(sequence_score: torch.Tensor, outcome: torch.Tensor,
     acc = outcome.to(torch.float32).view(-1, n_samples)
     d = score[:, :, None] - score[:, None, :]  # (G, K, K): d[g, i, j] = s_i - s_j
     a = acc[:, :, None] - acc[:, None, :]
-    upper = torch.triu(torch.ones(n_samples, n_samples, dtype=torch.bool), diagonal=1)
+    upper = torch.triu(torch.ones(n_samples, n_samples, dtype=torch.bool, device=score.device), diagonal=1)
     weight = a.abs() * upper
     agree = ((d > 0) == (a > 0)).to(torch.float32)
     total = weight.sum((-1, -2))

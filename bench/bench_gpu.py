@@ -83,7 +83,6 @@ def run(args, device, shapes: dict = QWEN25_05B) -> dict:
     prm_opt = torch.optim.AdamW(prm.parameters(), lr=1e-6)
     loop_args = train.Args(micro_batch_size=args.micro_batch_size, mini_batches=1, n_samples=args.n)
     d = train.Dist(device=device)
-    slices = lambda n: train._slices(n, args.micro_batch_size)
     generator = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, shapes["vocab_size"], (args.prompts, args.prompt_len), generator=generator)
     results = {}
@@ -117,9 +116,9 @@ def run(args, device, shapes: dict = QWEN25_05B) -> dict:
         B, T = len(ro), ro.prompt_ids.shape[1] + ro.response_ids.shape[1]
         mask = ro.response_mask.to(device).to(torch.float32)
         outcome = torch.randint(0, 2, (B,), generator=generator).float().to(device)
-        with phase("old/ref", 2 * B * T), torch.no_grad():
-            logp_old = torch.cat([train.response_logprobs(policy, ro.select(s)) for s in slices(B)])
-            logp_ref = torch.cat([train.response_logprobs(reference, ro.select(s)) for s in slices(B)])
+        with phase("old/ref", 2 * B * T):
+            logp_old = train.logprobs_no_grad(policy, ro, args.micro_batch_size)
+            logp_ref = train.logprobs_no_grad(reference, ro, args.micro_batch_size)
         logp_prm_store = torch.zeros_like(mask)
 
         def prm_loss_fn(s, weight):
