@@ -23,6 +23,7 @@ download, so that `python train.py` runs the whole algorithm on any CPU:
 import json
 import os
 import random
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -62,6 +63,52 @@ def make_problem(rng: random.Random, min_ops: int = 2, max_ops: int = 4) -> Prob
 def make_problems(n: int, seed: int) -> list[Problem]:
     rng = random.Random(seed)
     return [make_problem(rng) for _ in range(n)]
+
+
+STEP = re.compile(r"(\d+)([+*-])(\d+)=(-?\d+)")
+BOXED = re.compile(r"\\boxed\{(-?\d+)\}")
+
+
+def check_steps(prompt: str, steps: list[str]) -> list[float]:
+    """The exact step checker: 1.0 for each correct step of a response, 0.0 for each wrong one.
+
+    It stands in for a perfect step-level PRM at laptop scale (issue 8; the PASS paper used
+    Qwen2.5-Math-PRM-7B). `steps` are the response's lines. Line k (k < number of operations) is
+    correct when it reads `a op b = c` with a = the previous line's written result (the problem's
+    first number for k = 0), (op, b) = the problem's k-th operation, and c = a op b: each step is
+    judged locally, given what the response wrote before it, as a step PRM judges it. The line after
+    the last operation is correct when it is `\\boxed{v}` with v = the previous line's result.
+    Any other line (an extra step, a box too early, text that does not parse) is wrong.
+    Example: prompt "(7+5)*3\n", steps ["7+5=12", "12*3=35", "\\boxed{35}"] -> [1.0, 0.0, 1.0].
+    """
+    first = int(re.match(r"[(]*(\d+)", prompt).group(1))
+    ops = re.findall(r"([+*-])(\d+)", prompt)
+    scores, prev = [], first
+    for k, line in enumerate(steps):
+        line = line.strip()
+        step, boxed = STEP.fullmatch(line), BOXED.fullmatch(line)
+        if k < len(ops) and step:
+            a, op, b, c = int(step[1]), step[2], int(step[3]), int(step[4])
+            right = (a == prev and (op, str(b)) == ops[k]
+                     and c == {"+": a + b, "-": a - b, "*": a * b}[op])
+            scores.append(float(right))
+            prev = c
+        elif k == len(ops) and boxed:
+            scores.append(float(int(boxed[1]) == prev))
+        else:
+            scores.append(0.0)
+            if k < len(ops):  # an unreadable step: judge the next one against the true chain
+                prev = gold_values(first, ops)[k]
+    return scores
+
+
+def gold_values(first: int, ops: list[tuple[str, str]]) -> list[int]:
+    """The true intermediate results of a chain: gold_values(7, [("+", "5"), ("*", "3")]) -> [12, 36]."""
+    values, v = [], first
+    for op, b in ops:
+        v = {"+": v + int(b), "-": v - int(b), "*": v * int(b)}[op]
+        values.append(v)
+    return values
 
 
 # Held-out problems use a seed far from any training seed, and training never draws them by chance

@@ -1,0 +1,207 @@
+"""Step-level process rewards: split a response into steps, score each step, map scores to tokens.
+
+PASS (seed Sec. 5.1) also ran with a learned step-level PRM instead of PRIME's implicit one: the
+response is split into steps at blank lines, Qwen2.5-Math-PRM-7B reads the question and the steps
+joined by its step marker `<extra_0>`, and the positive-class probability at each marker is that
+step's score. The policy is trained on ITS tokens, so each score is then "mapped back to
+actor-token segments": every policy token belongs to exactly one step.
+
+    scorer = load_step_scorer("toy")                       # exact checker of the embedded task
+    scorer = load_step_scorer("path/to/Qwen2.5-Math-PRM-7B", device="cuda")
+    scores = scorer.score(questions, responses)            # list of lists, one score per step
+    ids = token_step_ids(pieces, scorer.separator)         # the step of each policy token
+
+Two scorers:
+    ToyStepChecker  the exact, rule-based checker of the embedded arithmetic task (one step per line,
+                    toy_task.check_steps): a perfect step PRM at laptop scale, nothing to download.
+    HFStepPRM       any Hugging Face model with two labels per token read at a step marker: a
+                    token-classification model (`AutoModelForTokenClassification`), or Qwen's
+                    remote-code `Qwen2ForProcessRewardModel` (loaded with trust_remote_code).
+"""
+
+import bisect
+import re
+
+import torch
+
+import toy_task
+
+
+def step_spans(text: str, separator: str) -> list[tuple[int, int]]:
+    """Character spans [start, end) of the steps of `text`; together they cover all of it.
+
+    A step is its content plus the separators that follow it. A run of separators with no content
+    before it (e.g. text that starts with a blank line) joins the next step, so no step is empty
+    unless the whole text is blank (then it is one step).
+    Example: step_spans("a\\n\\nb\\n\\n\\n\\nc", "\\n\\n") -> [(0, 3), (3, 8), (8, 9)].
+    """
+    spans, start = [], 0
+    for m in re.finditer(f"(?:{re.escape(separator)})+", text):
+        if text[start:m.start()].strip():
+            spans.append((start, m.end()))
+            start = m.end()
+    if start < len(text) and (text[start:].strip() or not spans):
+        spans.append((start, len(text)))
+    elif spans:  # trailing separators or blanks belong to the last step
+        spans[-1] = (spans[-1][0], len(text))
+    return spans or [(0, len(text))]
+
+
+def step_texts(text: str, separator: str) -> list[str]:
+    """The steps' contents, without their separators: what a step PRM reads."""
+    return [text[s:e].strip() for s, e in step_spans(text, separator)]
+
+
+def token_step_ids(pieces: list[str], separator: str) -> list[int]:
+    """The step of each token, from the tokens' decoded pieces (in order).
+
+    A token belongs to the step holding its first character; so a token that straddles a step
+    boundary (e.g. "2\\n1" in a byte-level BPE) belongs to the earlier step, and a token that
+    decodes to nothing (EOS) to the step where it sits. Every token gets exactly one step.
+    Example: pieces ["7", "+5=12\\n", "12*3", "=36"] with "\\n" -> [0, 0, 1, 1].
+    """
+    text = "".join(pieces)
+    starts = [s for s, _ in step_spans(text, separator)]
+    ids, pos = [], 0
+    for piece in pieces:
+        ids.append(max(bisect.bisect_right(starts, min(pos, max(len(text) - 1, 0))) - 1, 0))
+        pos += len(piece)
+    return ids
+
+
+def response_pieces(tokenizer, ids: list[int]) -> list[str]:
+    """Each token decoded on its own (special tokens as ""), for token_step_ids. For an ASCII
+    separator the pieces' separators are exactly the text's, even where a multi-byte character
+    spans two tokens (each piece then decodes to a replacement character)."""
+    return tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=True,
+                                  clean_up_tokenization_spaces=False)
+
+
+class ToyStepChecker:
+    """The embedded task's exact step checker, as a step scorer (one step per line)."""
+
+    separator = "\n"
+
+    def score(self, questions: list[str], responses: list[str]) -> list[list[float]]:
+        return [toy_task.check_steps(q, step_texts(r, self.separator)) for q, r in zip(questions, responses)]
+
+
+class HFStepPRM:
+    """A Hugging Face step PRM: question + steps joined by a step marker -> P(good) at each marker.
+
+    Input, as Qwen2.5-Math-PRM's model card builds it: with a chat template,
+        system: "Please reason step by step, and put your final answer within \\boxed{}."
+        user: the question;  assistant: step_1 <extra_0> step_2 <extra_0> ... step_n <extra_0>
+    (without a template: question, newline, then the joined steps). The model returns two logits per
+    token; the score of step k is softmax(logits)[1] at the k-th marker. Steps are split at
+    `separator` (blank lines for Qwen2.5-Math-PRM). Pieces are tokenised one by one and
+    concatenated, so each marker's position is known exactly whatever the tokenizer.
+    """
+
+    SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+
+    def __init__(self, path: str, device="cpu", separator: str = "\n\n", step_token: str = "<extra_0>",
+                 dtype=torch.float32, batch_size: int = 8):
+        from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification, AutoTokenizer
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+            arch = (AutoConfig.from_pretrained(path, trust_remote_code=True).architectures or [""])[0]
+            if arch.endswith("ForTokenClassification"):
+                self.model = AutoModelForTokenClassification.from_pretrained(path, dtype=dtype)
+            else:  # Qwen2.5-Math-PRM ships its own class (Qwen2ForProcessRewardModel)
+                self.model = AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=True)
+        except OSError as e:
+            raise SystemExit(f"--step-scorer {path}: cannot load a step PRM from it ({e})")
+        self.model.to(device).eval().requires_grad_(False)
+        marker = self.tokenizer(step_token, add_special_tokens=False)["input_ids"]
+        if len(marker) != 1:
+            raise SystemExit(f"--step-scorer {path}: the step marker {step_token!r} is not one token "
+                             f"of its tokenizer (got {len(marker)} tokens)")
+        self.marker_id, self.step_token = marker[0], step_token
+        self.separator, self.device, self.batch_size = separator, device, batch_size
+
+    def encode(self, question: str, steps: list[str]) -> tuple[list[int], list[int]]:
+        """(input ids, the position of each step's marker)."""
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            body = self.step_token.join(steps) + self.step_token
+            messages = [{"role": "system", "content": self.SYSTEM}, {"role": "user", "content": question},
+                        {"role": "assistant", "content": body}]
+            ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=False)
+            if hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            ids = list(ids)
+            positions = [i for i, t in enumerate(ids) if t == self.marker_id]
+        else:
+            ids = tok(question + "\n", add_special_tokens=False)["input_ids"]
+            positions = []
+            for step in steps:
+                ids = ids + tok(step, add_special_tokens=False)["input_ids"] + [self.marker_id]
+                positions.append(len(ids) - 1)
+        if len(positions) != len(steps):
+            raise ValueError(f"step PRM input has {len(positions)} markers for {len(steps)} steps "
+                             f"(does a step contain {self.step_token!r}?)")
+        return ids, positions
+
+    @torch.no_grad()
+    def score(self, questions: list[str], responses: list[str]) -> list[list[float]]:
+        out = []
+        encoded = [self.encode(q, step_texts(r, self.separator)) for q, r in zip(questions, responses)]
+        for s in range(0, len(encoded), self.batch_size):
+            chunk = encoded[s:s + self.batch_size]
+            width = max(len(ids) for ids, _ in chunk)
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            input_ids = torch.full((len(chunk), width), pad)
+            attention = torch.zeros((len(chunk), width), dtype=torch.long)
+            for i, (ids, _) in enumerate(chunk):  # right padding: positions count from 0 as usual
+                input_ids[i, :len(ids)] = torch.tensor(ids)
+                attention[i, :len(ids)] = 1
+            result = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device))
+            logits = result.logits if hasattr(result, "logits") else result[0]  # (b, T, 2)
+            probs = logits.float().softmax(-1)[..., 1].cpu()
+            out += [probs[i, positions].tolist() for i, (_, positions) in enumerate(chunk)]
+        return out
+
+
+def load_step_scorer(spec: str, device="cpu", separator: str = ""):
+    """--step-scorer: 'toy' = the embedded task's exact checker, else a path of an HF step PRM."""
+    if spec == "toy":
+        return ToyStepChecker()
+    return HFStepPRM(spec, device, separator=separator or "\n\n")
+
+
+def step_scores_and_ids(scorer, tokenizer, questions: list[str], responses: list[str],
+                        response_ids: torch.Tensor, response_mask: torch.Tensor):
+    """Batch tensors for pass_advantage / the estimators: step scores (B, S) padded with 0, and the
+    step of every response token (B, T), -1 on padding."""
+    scores = scorer.score(questions, responses)
+    B, T = response_ids.shape
+    n_steps = max(1, max(len(s) for s in scores))
+    score_t = torch.zeros(B, n_steps)
+    step_ids = torch.full((B, T), -1, dtype=torch.long)
+    for i in range(B):
+        n = int(response_mask[i].sum())
+        ids = token_step_ids(response_pieces(tokenizer, response_ids[i, :n].tolist()), scorer.separator)
+        # The scorer split the decoded text; the pieces give the same step count for ASCII separators.
+        # If they ever disagree, extra tokens fall in the last scored step.
+        last = max(len(scores[i]) - 1, 0)
+        step_ids[i, :n] = torch.tensor([min(k, last) for k in ids], dtype=torch.long)
+        if scores[i]:
+            score_t[i, :len(scores[i])] = torch.tensor(scores[i])
+    return score_t, step_ids
+
+
+def step_end_rewards(token_signal: torch.Tensor, step_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A step-level score as a reward given once per step, on the step's last token (0 elsewhere).
+
+    For the estimators' Eq. 5 (return-to-go of per-token rewards): a broadcast score would count a
+    step once per token, so long steps would weigh more. (B, T) broadcast signal, (B, T) step ids
+    (-1 = no step), (B, T) mask -> (B, T).
+    Example: signal [[.9, .9, .2, .2, 0]], step_ids [[0, 0, 1, 1, -1]] -> [[0, .9, 0, .2, 0]].
+    """
+    valid = (step_ids >= 0) & (mask != 0)
+    nxt = torch.cat([step_ids[:, 1:], torch.full_like(step_ids[:, :1], -1)], 1)
+    nxt_valid = torch.cat([valid[:, 1:], torch.zeros_like(valid[:, :1])], 1)
+    last = valid & (~nxt_valid | (nxt != step_ids))
+    return torch.where(last, token_signal, torch.zeros_like(token_signal))

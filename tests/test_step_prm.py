@@ -1,0 +1,169 @@
+"""Step-level process rewards (step_prm.py, toy_task.check_steps): checker, step->token map, HF PRM."""
+
+import pytest
+import torch
+
+import step_prm
+import toy_task
+
+
+# ---------------------------------------------------------------------------------------------------
+# The exact step checker of the embedded task
+# ---------------------------------------------------------------------------------------------------
+
+PROMPT = "((7+5)*3)-4\n"  # 7+5=12, 12*3=36, 36-4=32
+
+
+@pytest.mark.parametrize("lines, expected", [
+    (["7+5=12", "12*3=36", "36-4=32", "\\boxed{32}"], [1, 1, 1, 1]),           # the worked solution
+    (["7+5=13", "13*3=39", "39-4=35", "\\boxed{35}"], [0, 1, 1, 1]),           # one slip, then consistent
+    (["7+5=12", "12*3=36", "36-4=31", "\\boxed{31}"], [1, 1, 0, 1]),           # last step wrong
+    (["7+6=13", "13*3=39", "39-4=35", "\\boxed{35}"], [0, 1, 1, 1]),           # wrong operand copied
+    (["7+5=12", "12+3=15", "15-4=11", "\\boxed{11}"], [1, 0, 1, 1]),           # wrong operator, right sum
+    (["7+5=12", "12*3=36", "36-4=32", "\\boxed{36}"], [1, 1, 1, 0]),           # box disagrees with the work
+    (["7+5=12", "12*3=36", "\\boxed{36}"], [1, 1, 0]),                          # box one step early
+    (["7+5=12", "12*3=36", "36-4=32", "32+1=33", "\\boxed{33}"], [1, 1, 1, 0, 0]),  # an extra step
+    (["7+5=12", "12*3=36", "36-4=32"], [1, 1, 1]),                              # no box (outcome is 0)
+    (["7+5=12", "12*=36", "36-4=32", "\\boxed{32}"], [1, 0, 1, 1]),            # unreadable: next judged
+    (["7+5=12", "11*3=33", "33-4=29", "\\boxed{29}"], [1, 0, 1, 1]),           # does not follow line 1
+])
+def test_check_steps_on_hand_made_solutions(lines, expected):
+    assert toy_task.check_steps(PROMPT, lines) == [float(x) for x in expected]
+
+
+def test_check_steps_accepts_every_generated_solution():
+    for p in toy_task.make_problems(200, seed=3):
+        scores = toy_task.check_steps(p.prompt, p.solution.split("\n"))
+        assert scores == [1.0] * len(p.solution.split("\n")), (p.prompt, p.solution)
+
+
+def test_toy_checker_scores_responses_split_at_newlines():
+    checker = step_prm.ToyStepChecker()
+    assert checker.score([PROMPT, "4-1\n"], ["7+5=12\n12*3=35\n35-4=31\n\\boxed{31}", "4-1=3\n\\boxed{3}"]) == \
+        [[1.0, 0.0, 1.0, 1.0], [1.0, 1.0]]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Steps and the step of each policy token
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_step_spans_cover_the_text_and_never_leave_an_empty_step():
+    assert step_prm.step_spans("a\n\nb\n\n\n\nc", "\n\n") == [(0, 3), (3, 8), (8, 9)]
+    assert step_prm.step_spans("\n\nx\n\n", "\n\n") == [(0, 5)]       # leading blanks join step 1
+    assert step_prm.step_spans("x\n\ny\n\n", "\n\n") == [(0, 3), (3, 6)]  # trailing ones the last step
+    assert step_prm.step_spans("", "\n") == [(0, 0)]
+    assert step_prm.step_texts("a\n\n b \n\nc", "\n\n") == ["a", "b", "c"]
+
+
+def test_token_step_ids_with_steps_that_split_mid_token():
+    # BPE pieces: "2\n1" straddles the boundary between step 0 and step 1; "" is an EOS
+    pieces = ["7+5=1", "2\n1", "2*3=36", "\n\\", "boxed{36}", ""]
+    assert step_prm.token_step_ids(pieces, "\n") == [0, 0, 1, 1, 2, 2]
+    # a separator split over two tokens ("\n" + "\n") with blank-line steps
+    pieces = ["Step one.", "\n", "\nStep", " two.", "\n\n", "Done"]
+    assert step_prm.token_step_ids(pieces, "\n\n") == [0, 0, 0, 1, 1, 2]
+    # by a plain loop: the step of each token is the number of step starts at or before its first char
+    text = "".join(pieces)
+    starts = [s for s, _ in step_prm.step_spans(text, "\n\n")]
+    pos, expected = 0, []
+    for piece in pieces:
+        expected.append(sum(1 for s in starts if s <= pos) - 1)
+        pos += len(piece)
+    assert step_prm.token_step_ids(pieces, "\n\n") == expected
+
+
+def test_step_ids_of_real_toy_tokens_cover_every_token_once():
+    tok = toy_task.build_tokenizer()
+    response = "7+5=12\n12*3=36\n36-4=32\n\\boxed{32}"
+    ids = tok(response)["input_ids"] + [tok.eos_token_id]
+    pieces = step_prm.response_pieces(tok, ids)
+    assert "".join(pieces) == response
+    step_ids = step_prm.token_step_ids(pieces, "\n")
+    assert len(step_ids) == len(ids)
+    lines = response.split("\n")
+    expected = [k for k, line in enumerate(lines) for _ in range(len(line) + (k < len(lines) - 1))] + [3]
+    assert step_ids == expected
+
+
+def test_step_end_rewards_put_each_score_on_its_last_token():
+    signal = torch.tensor([[.9, .9, .2, .2, 0.], [.5, .5, .5, 0., 0.]])
+    step_ids = torch.tensor([[0, 0, 1, 1, -1], [0, 0, 0, -1, -1]])
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+    out = step_prm.step_end_rewards(signal, step_ids, mask)
+    assert out.tolist() == [[0.0, 0.8999999761581421, 0.0, 0.20000000298023224, 0.0], [0.0, 0.0, 0.5, 0.0, 0.0]]
+
+
+def test_step_scores_and_ids_for_a_batch():
+    tok = toy_task.build_tokenizer()
+    responses = ["7+5=12\n12*3=35\n\\boxed{35}", "7+5=12\n\\boxed{12}"]
+    encoded = [tok(r)["input_ids"] + [tok.eos_token_id] for r in responses]
+    T = max(len(e) for e in encoded) + 2
+    ids = torch.full((2, T), tok.pad_token_id)
+    mask = torch.zeros(2, T, dtype=torch.long)
+    for i, e in enumerate(encoded):
+        ids[i, :len(e)] = torch.tensor(e)
+        mask[i, :len(e)] = 1
+    scores, step_ids = step_prm.step_scores_and_ids(step_prm.ToyStepChecker(), tok, ["(7+5)*3\n", "(7+5)*3\n"],
+                                                    responses, ids, mask)
+    assert scores.tolist() == [[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]]  # row 2: box too early; padded with 0
+    assert step_ids[0, :7].tolist() == [0] * 7 and step_ids[0, 7:15].tolist() == [1] * 8
+    assert step_ids[0, len(encoded[0]) - 1].item() == 2          # EOS sits in the last step
+    assert (step_ids[mask == 0] == -1).all()
+
+
+# ---------------------------------------------------------------------------------------------------
+# A Hugging Face step PRM (token classification, two labels), saved by the test
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_prm(tmp_path_factory):
+    from transformers import Qwen2Config, Qwen2ForTokenClassification
+    path = tmp_path_factory.mktemp("step_prm")
+    tok = toy_task.build_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<extra_0>"]})
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, head_dim=32, num_labels=2,
+                         pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    Qwen2ForTokenClassification(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_hf_step_prm_reads_p_good_at_each_step_marker(tiny_prm):
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+    prm = step_prm.load_step_scorer(str(tiny_prm), separator="\n")
+    question, response = "(7+5)*3\n", "7+5=12\n12*3=36\n\\boxed{36}"
+    got = prm.score([question, question], [response, "7+5=12"])
+    assert [len(g) for g in got] == [3, 1]
+    # independently: build the input by hand and read softmax(logits)[1] at each marker
+    tok = AutoTokenizer.from_pretrained(tiny_prm)
+    model = AutoModelForTokenClassification.from_pretrained(tiny_prm).eval()
+    marker = tok.convert_tokens_to_ids("<extra_0>")
+    ids, positions = tok(question + "\n")["input_ids"], []
+    for step in response.split("\n"):
+        ids += tok(step)["input_ids"] + [marker]
+        positions.append(len(ids) - 1)
+    with torch.no_grad():
+        probs = model(input_ids=torch.tensor([ids])).logits.softmax(-1)[0, :, 1]
+    assert got[0] == pytest.approx(probs[positions].tolist(), abs=1e-6)
+    assert all(0.0 < p < 1.0 for p in got[0])
+    # batched with right padding = one at a time
+    assert prm.score([question], ["7+5=12"])[0] == pytest.approx(got[1], abs=1e-6)
+
+
+def test_hf_step_prm_with_a_chat_template_finds_every_marker(tiny_prm):
+    prm = step_prm.HFStepPRM(str(tiny_prm), separator="\n\n")
+    prm.tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}")
+    ids, positions = prm.encode("(7+5)*3", ["7+5=12", "12*3=36"])
+    assert [ids[p] for p in positions] == [prm.marker_id, prm.marker_id] and len(positions) == 2
+    assert len(prm.score(["(7+5)*3"], ["7+5=12\n\n12*3=36\n\n\\boxed{36}"])[0]) == 3
+
+
+def test_hf_step_prm_bad_path_and_bad_marker(tiny_prm, tmp_path):
+    with pytest.raises(SystemExit, match="--step-scorer"):
+        step_prm.load_step_scorer(str(tmp_path / "nope"))
+    with pytest.raises(SystemExit, match="not one token"):
+        step_prm.HFStepPRM(str(tiny_prm), step_token="<no such marker>")
