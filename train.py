@@ -11,7 +11,7 @@ Each iteration (paper Algorithm 1; official code `ray_trainer.py`):
     2. verify them -> outcome r_o in [0, 1]                            (verify.py)
     3. filter prompt groups by mean accuracy in [low, high]            (prime.keep_groups)
     4. implicit PRM forward (Eq. 3) and its cross-entropy update       (prime.implicit_process_reward,
-                                                                        prime.prm_ce_loss)
+       (or another process signal, --process: a teacher, a step PRM)    prime.prm_ce_loss; step_prm.py)
     5. advantages: RLOO over outcome and process rewards, whitened    (prime.rloo_advantage, whiten)
     6. PPO clip update of the policy (Eq. 6)                           (prime.ppo_clip_loss)
     7. log, checkpoint
@@ -45,7 +45,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+import pass_advantage
 import prime
+import step_prm
 import toy_task
 import verify
 from rollout import HFRollout, Rollout, VLLMRollout, position_ids_from_mask
@@ -72,8 +74,12 @@ class Args:
     """field holding the question (ignored for veRL-schema files, whose `prompt` is chat messages)"""
     answer_key: str = "answer"
     """field holding the gold answer (veRL schema: reward_model.ground_truth)"""
-    user_suffix: str = "\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
-    """appended to each question, as in the paper's runs (not used for the embedded task)"""
+    task: str = "math"
+    """what a plain --data row is: 'math' (boxed answer, math-verify) or 'qa' (HotpotQA-style, "Final Answer: ..." exact match)"""
+    context_key: str = "context"
+    """--task qa: field with the supporting paragraphs (a string, or HotpotQA's title/sentences lists); optional"""
+    user_suffix: str = ""
+    """appended to each question; empty = the task's own (math: the paper's \\boxed instruction; qa: PASS's Final Answer one)"""
     system_prompt: str = ""
     """optional system message for the chat template"""
     preset: str = ""
@@ -96,8 +102,8 @@ class Args:
     # --- PRIME's choices
     estimator: str = "rloo"
     """advantage estimator: rloo | grpo | reinforce | prm-value | pass"""
-    process_reward: bool = True
-    """add implicit process rewards to the advantage (False = the outcome-only baseline)"""
+    process: str = "implicit"
+    """process signal: 'implicit' (PRIME's online PRM), 'opd' / 'gopd' (teacher vs student log-probs), 'step' (a step-level PRM), 'none' (outcome only: the RLOO/GRPO baselines)"""
     rloo_form: str = "official"
     """'official' (PRIME's compute_rloo_returns) or 'paper' (Eq. 5 literally); same sequence sums"""
     process_norm: str = "batch"
@@ -108,6 +114,22 @@ class Args:
     """'after' = single forward (rewards from the pre-update PRM, the paper run); 'before' = double forward"""
     prm_loss: str = "ce"
     """PRM objective: 'ce' (Algorithm 1) or 'dpo' (App. C.2)"""
+    prm_online: bool = True
+    """update the implicit PRM during RL; --no-prm-online with --prm-warmup-steps N is the offline PRM of Fig. 5"""
+    prm_warmup_steps: int = 0
+    """before RL, train the implicit PRM on this many batches of the starting policy's rollouts"""
+    teacher: str = ""
+    """--process opd/gopd: a frozen causal LM on the policy's tokenizer; empty = the embedded toy teacher (a longer SFT)"""
+    teacher_sft_steps: int = 1500
+    """SFT steps of the embedded toy teacher (cached like the policy's SFT)"""
+    gopd_lambda: float = 1.25
+    """--process gopd: lambda of lambda (l_T - l_B) - (l_theta - l_B), base = the starting policy (PASS v1: 1.25)"""
+    step_scorer: str = "toy"
+    """--process step: 'toy' (the embedded task's exact step checker) or the path of an HF step PRM (e.g. Qwen2.5-Math-PRM-7B)"""
+    step_separator: str = ""
+    """--process step with an HF step PRM: where steps split; empty = blank lines, as Qwen2.5-Math-PRM"""
+    pass_preset: str = "math"
+    """--estimator pass: pass_advantage.PRESETS entry ('math', 'qa' or 'v1'; v1 uses the step PRM's own steps as chunks)"""
     beta: float = 0.05
     """implicit-reward scale (paper: 0.05)"""
     filter_low: float = 0.2
@@ -181,6 +203,8 @@ PRESETS = {
 }
 
 CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass"), rloo_form=("official", "paper"),
+               process=("implicit", "opd", "gopd", "step", "none"), task=("math", "qa"),
+               pass_preset=("math", "qa", "v1"),
                process_norm=("batch", "beta"), reference=("sft", "policy"), prm_update=("after", "before"),
                prm_loss=("ce", "dpo"), rollout=("hf", "vllm"), preset=("", "paper", "1.5b"))
 
@@ -218,8 +242,23 @@ def check_args(args: Args) -> None:
     if args.n_samples < 2 and args.estimator in ("rloo", "grpo", "pass"):
         raise SystemExit(f"--n-samples {args.n_samples}: --estimator {args.estimator} needs at least 2 "
                          "responses per prompt for its group baseline")
-    if args.estimator == "prm-value" and not args.process_reward:
-        raise SystemExit("--estimator prm-value uses the implicit PRM as its value model: drop --no-process-reward")
+    if args.estimator == "prm-value" and args.process != "implicit":
+        raise SystemExit(f"--estimator prm-value uses the implicit PRM as its value model: needs --process implicit, "
+                         f"not {args.process}")
+    if (args.prm_warmup_steps or not args.prm_online) and args.process != "implicit":
+        raise SystemExit("--prm-warmup-steps / --no-prm-online are about the implicit PRM: they need --process implicit")
+    if not args.prm_online and not args.prm_warmup_steps:
+        print("warning: --no-prm-online without --prm-warmup-steps: the PRM stays equal to the reference and "
+              "every implicit reward is 0")
+    if args.teacher and args.process not in ("opd", "gopd"):
+        raise SystemExit(f"--teacher is used only by --process opd/gopd, not {args.process}")
+    if args.process in ("opd", "gopd") and not args.teacher and (args.model or args.data):
+        raise SystemExit(f"--process {args.process} with your own --model/--data needs --teacher PATH "
+                         "(the embedded teacher only knows the embedded task)")
+    if args.process == "step" and args.step_scorer == "toy" and args.data:
+        raise SystemExit("--step-scorer toy checks the embedded arithmetic task only: give the path of a step PRM")
+    if args.pass_preset == "v1" and args.estimator == "pass" and args.process != "step":
+        raise SystemExit("--pass-preset v1 chunks by the step PRM's steps: it needs --process step")
     if not 0.0 <= args.filter_low <= args.filter_high <= 1.0:
         raise SystemExit(f"--filter-low {args.filter_low} / --filter-high {args.filter_high}: need 0 <= low <= high <= 1")
     if args.mini_batches < 1 or args.micro_batch_size < 1:
@@ -282,7 +321,7 @@ def print0(d: Dist, *a, **kw):
 @dataclass
 class Task:
     prompt_ids: list[int]  # the tokenised prompt (chat template and suffix applied)
-    answer: str            # gold answer (math/qa) or a JSON string of tests (code)
+    answer: str | list     # gold answer (math/qa; qa may list aliases) or a JSON string of tests (code)
     kind: str              # "math", "code" or "qa": which verifier scores it
     text: str = ""         # the prompt as text, for logs
 
@@ -307,6 +346,23 @@ def load_rows(path: str) -> list[dict]:
     raise SystemExit(f"--data {path}: expected a .jsonl or .parquet file")
 
 
+# The paper's user suffix (PRIME's math runs) and PASS's multi-hop QA instruction (seed Sec. 5.1:
+# reason from the context only, one step per line, end with "Final Answer: [Entity]").
+MATH_SUFFIX = "\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
+QA_SUFFIX = ("\n\nAnswer using only the context above. Write one reasoning step per line, then end "
+             "with a line of the form: Final Answer: [Entity]")
+
+
+def qa_context(context) -> str:
+    """HotpotQA's context as text: a string as is; [[title, [sentences]], ...] (the original json) or
+    {"title": [...], "sentences": [[...], ...]} (the Hugging Face copy) as titled paragraphs."""
+    if isinstance(context, str):
+        return context
+    if isinstance(context, dict):
+        context = list(zip(context.get("title", []), context.get("sentences", [])))
+    return "\n".join(f"[{title}] " + "".join(sentences) for title, sentences in context)
+
+
 def row_to_task(row: dict, index: int, args: Args, tokenizer) -> Task:
     """One data row -> Task; understands veRL's schema (prompt = chat messages, reward_model.ground_truth)."""
     if isinstance(row.get("prompt"), list) and isinstance(row.get("reward_model"), dict):  # veRL schema
@@ -320,13 +376,19 @@ def row_to_task(row: dict, index: int, args: Args, tokenizer) -> Task:
             if key not in row:
                 raise SystemExit(f"--data row {index}: no field {key!r} (fields: {sorted(row)}); "
                                  f"set --prompt-key / --answer-key")
-        messages = [{"role": "user", "content": str(row[args.prompt_key]) + args.user_suffix}]
+        question, kind = str(row[args.prompt_key]), args.task
+        if kind == "qa" and row.get(args.context_key):
+            question = f"Context:\n{qa_context(row[args.context_key])}\n\nQuestion: {question}"
+        suffix = args.user_suffix or (QA_SUFFIX if kind == "qa" else MATH_SUFFIX)
+        messages = [{"role": "user", "content": question + suffix}]
         if args.system_prompt:
             messages.insert(0, {"role": "system", "content": args.system_prompt})
-        answer, kind = row[args.answer_key], "math"
-    if isinstance(answer, (list, tuple)):  # e.g. OlympiadBench's final_answer lists
+        answer = row[args.answer_key]
+    if kind == "qa" and isinstance(answer, (list, tuple)):  # QA aliases: verify.py takes the best match
+        answer = [str(a) for a in answer]
+    elif isinstance(answer, (list, tuple)):  # e.g. OlympiadBench's final_answer lists
         answer = ", ".join(str(a) for a in answer)
-    if not isinstance(answer, str):
+    if not isinstance(answer, (str, list)):
         answer = json.dumps(answer) if kind == "code" else str(answer)
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -442,6 +504,20 @@ def check_memory(path: str, args: Args, d: Dist) -> None:
                          "(e.g. --preset 1.5b with a 1.5B model) or a sharded trainer (FSDP/ZeRO).")
 
 
+def load_teacher(path: str, tokenizer, d: Dist):
+    """The OPD/G-OPD teacher: frozen, and on the policy's token ids (it scores the student's tokens)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        if AutoTokenizer.from_pretrained(path).get_vocab() != tokenizer.get_vocab():
+            raise SystemExit(f"--teacher {path}: its tokenizer differs from the policy's; OPD compares "
+                             "log-probs of the same token ids, so the vocabularies must be identical")
+        teacher = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except OSError as e:
+        raise SystemExit(f"--teacher {path}: cannot load it ({e})")
+    return teacher.eval().requires_grad_(False).to(d.device)
+
+
 def wrap_ddp(model, d: Dist):
     if d.world == 1:
         return model
@@ -523,6 +599,116 @@ def run_update(model, optimizer, loss_fn, n_rows: int, args: Args, d: Dist, grad
 
 
 # ---------------------------------------------------------------------------------------------------
+# Process signals: PRIME's implicit PRM (Eq. 3 + its CE update), a teacher (OPD, G-OPD), a step PRM
+# ---------------------------------------------------------------------------------------------------
+
+
+def implicit_prm_step(prm, prm_opt, batch: Rollout, logp_ref, mask, outcome, n_train: int, args: Args,
+                      d: Dist, update: bool):
+    """Implicit process rewards log(pi_phi / pi_ref) per token (B, R), and the PRM's CE (or DPO) update.
+
+    Single forward (--prm-update after, the paper run): the rewards come from the same forward pass
+    as the PRM loss, before its optimizer step. Double forward (before): update first, then a fresh
+    forward with the updated PRM. With update=False (an offline, frozen PRM) only the forward runs."""
+    if not update:
+        return prime.implicit_process_reward(logprobs_no_grad(unwrap(prm), batch, args.micro_batch_size),
+                                             logp_ref, mask, 1.0), []
+    logp_prm_store = torch.zeros_like(mask)
+
+    def prm_loss_fn(s, weight):
+        logp_prm = response_logprobs(prm, batch.select(s))
+        if weight:  # single forward: the rewards come from this (pre-update) forward
+            logp_prm_store[s] = logp_prm.detach()
+        if args.prm_loss == "ce":
+            return prime.prm_ce_loss(logp_prm, logp_ref[s], mask[s], outcome[s], args.beta)
+        return prime.prm_dpo_loss(logp_prm, logp_ref[s], mask[s], outcome[s], args.beta, args.n_samples)
+
+    if args.prm_loss == "dpo":  # whole groups per micro-batch
+        assert args.micro_batch_size % args.n_samples == 0, "--micro-batch-size must hold whole groups for DPO"
+    losses = run_update(prm, prm_opt, prm_loss_fn, n_train, args, d, args.prm_grad_clip)
+    if args.prm_update == "before":  # double forward: rewards from the updated PRM
+        logp_prm_store = logprobs_no_grad(unwrap(prm), batch, args.micro_batch_size)
+    return prime.implicit_process_reward(logp_prm_store, logp_ref, mask, 1.0), losses
+
+
+def process_signal(args: Args, batch: Rollout, responses, questions, outcome, logp_old, logp_ref, n_train: int,
+                   prm, prm_opt, teacher, step_scorer, tokenizer, d: Dist):
+    """The raw process signal of --process, before any scaling: (signal (B, R), sequence score (B,)
+    for the pairwise-accuracy diagnostic, step ids (B, R) or None, PRM losses).
+
+        implicit  log pi_phi(y_t) - log pi_ref(y_t)                     (Eq. 3 without beta)
+        opd       log pi_teacher(y_t) - log pi_student(y_t)             (PASS seed Eq. 5)
+        gopd      lambda (l_T - l_B) - (l_student - l_B), B = the starting policy   (PASS v1 Eq. 5)
+        step      each step's score broadcast over its tokens           (step_prm.py)
+        none      zeros (outcome-only baselines)
+    The student's log-probs are the old policy's (the sampler's). The sequence score is the signal's
+    sum over tokens; for step scores it is their mean over steps (more steps should not score higher)."""
+    mask = batch.response_mask.to(d.device).float()
+    step_ids, losses = None, []
+    if args.process == "implicit":
+        signal, losses = implicit_prm_step(prm, prm_opt, batch, logp_ref, mask, outcome, n_train, args, d,
+                                           update=args.prm_online)
+    elif args.process in ("opd", "gopd"):
+        logp_teacher = logprobs_no_grad(teacher, batch, args.micro_batch_size)
+        if args.process == "opd":
+            signal = pass_advantage.opd_signal(logp_teacher, logp_old) * mask
+        else:  # logp_ref holds the frozen starting policy here: G-OPD's base
+            signal = pass_advantage.gopd_signal(logp_teacher, logp_ref, logp_old, args.gopd_lambda) * mask
+    elif args.process == "step":
+        step_scores, step_ids = step_prm.step_scores_and_ids(step_scorer, tokenizer, questions, responses,
+                                                             batch.response_ids, batch.response_mask)
+        step_scores, step_ids = step_scores.to(d.device), step_ids.to(d.device)
+        signal = pass_advantage.broadcast_step_scores(step_scores, step_ids, mask)
+        n_steps = (step_ids.max(-1).values + 1).clamp(min=1)
+        return signal, step_scores.sum(-1) / n_steps, step_ids, losses
+    else:
+        signal = torch.zeros_like(mask)
+    return signal, signal.sum(-1), step_ids, losses
+
+
+def process_rewards(args: Args, signal, step_ids, mask):
+    """Per-token process rewards r_t for the estimators' Eq. 5, from the raw signal.
+
+    A step score is one reward per step, placed on the step's last token (a token-level signal is a
+    reward on every token). Scaling, --process-norm: 'batch' (official) divides by the batch's largest
+    |return-to-go|, for any source; 'beta' (paper Eq. 3) multiplies log-ratio signals by beta and
+    leaves step scores, already in [0, 1], as they are."""
+    if args.process == "step":
+        signal = step_prm.step_end_rewards(signal, step_ids, mask)
+    if args.process_norm == "batch":
+        return prime.normalize_process_reward(signal, mask)
+    return signal if args.process == "step" else args.beta * signal
+
+
+def warmup_prm(args: Args, prm, prm_opt, sampler, reference, tokenizer, train_tasks, d: Dist) -> list[float]:
+    """--prm-warmup-steps: train the implicit PRM on the STARTING policy's rollouts before RL.
+
+    With --no-prm-online this is the offline PRM of the paper's Fig. 5: fit once on the SFT model's
+    responses, then frozen while the policy moves away from them. Prompts come from steps -1, -2, ...
+    of step_prompts, which RL never draws. Returns the PRM's pairwise accuracy on each batch, measured
+    before that batch's update (as in the RL loop)."""
+    accuracies = []
+    for i in range(args.prm_warmup_steps):
+        tasks = step_prompts(args, train_tasks, tokenizer, -1 - i, d)
+        ro = sampler.generate([task.prompt_ids for task in tasks], n=args.n_samples)
+        scores = verify.score_batch(sampler.decode(ro), [task.answer for task in tasks for _ in range(args.n_samples)],
+                                    [task.kind for task in tasks for _ in range(args.n_samples)])
+        outcome = torch.tensor([s.reward for s in scores], dtype=torch.float32)
+        keep = prime.keep_groups(outcome, args.n_samples, args.filter_low, args.filter_high)
+        rows = keep.repeat_interleave(args.n_samples).nonzero().squeeze(-1)
+        n_train = len(rows)
+        if n_train == 0:
+            rows = torch.arange(args.n_samples)
+        batch, outcome = ro.select(rows), outcome[rows].to(d.device)
+        mask = batch.response_mask.to(d.device).float()
+        logp_ref = logprobs_no_grad(reference, batch, args.micro_batch_size)
+        log_ratio, _ = implicit_prm_step(prm, prm_opt, batch, logp_ref, mask, outcome, n_train, args, d, update=True)
+        acc = prime.prm_pairwise_accuracy(log_ratio.sum(-1), outcome, args.n_samples).item() if n_train else 0.5
+        accuracies.append(all_reduce([acc * int(keep.sum()), int(keep.sum())], d))
+    return [a / max(n, 1) for a, n in accuracies]
+
+
+# ---------------------------------------------------------------------------------------------------
 # Checkpoints: written atomically, resumed exactly
 # ---------------------------------------------------------------------------------------------------
 
@@ -552,8 +738,9 @@ def save_checkpoint(run_dir: Path, step: int, policy, prm, policy_opt, prm_opt, 
     barrier(d)
     torch.save(rng_state(), tmp / f"rng_rank{d.rank}.pt")
     if d.master:
-        torch.save({"step": step, "policy": unwrap(policy).state_dict(), "prm": unwrap(prm).state_dict(),
-                    "policy_opt": policy_opt.state_dict(), "prm_opt": prm_opt.state_dict(),
+        torch.save({"step": step, "policy": unwrap(policy).state_dict(), "policy_opt": policy_opt.state_dict(),
+                    "prm": unwrap(prm).state_dict() if prm is not None else None,
+                    "prm_opt": prm_opt.state_dict() if prm is not None else None,
                     "world": d.world}, tmp / "state.pt")
     barrier(d)
     if d.master:
@@ -573,10 +760,13 @@ def load_checkpoint(run_dir: Path, policy, prm, policy_opt, prm_opt, d: Dist) ->
     state = torch.load(path / "state.pt", map_location=d.device, weights_only=False)
     if state["world"] != d.world:
         raise SystemExit(f"--resume: checkpoint was written by {state['world']} ranks, this run has {d.world}")
+    if (state["prm"] is None) != (prm is None):
+        raise SystemExit("--resume: the checkpoint and this run disagree on --process (implicit PRM or not)")
     unwrap(policy).load_state_dict(state["policy"])
-    unwrap(prm).load_state_dict(state["prm"])
     policy_opt.load_state_dict(state["policy_opt"])
-    prm_opt.load_state_dict(state["prm_opt"])
+    if prm is not None:
+        unwrap(prm).load_state_dict(state["prm"])
+        prm_opt.load_state_dict(state["prm_opt"])
     set_rng_state(torch.load(path / f"rng_rank{d.rank}.pt", weights_only=False))
     return state["step"]
 
@@ -658,7 +848,8 @@ def main(argv=None):
     random.seed(args.seed + d.rank)
     np.random.seed(args.seed + d.rank)
     if d.device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // d.world))
+        # OMP_NUM_THREADS wins (e.g. 1 when several runs share a small machine), else the cores per rank
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // d.world)))
 
     run_name = args.run_name or time.strftime("run-%Y%m%d-%H%M%S")
     run_dir = Path(args.out_dir) / run_name
@@ -671,19 +862,37 @@ def main(argv=None):
     model_path, policy, tokenizer = load_model_and_tokenizer(args, d)
     train_tasks, eval_tasks = load_tasks(args, tokenizer)
     from transformers import AutoModelForCausalLM
-    prm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    reference = None
-    if args.reference == "sft":
-        reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval().requires_grad_(False)
-        reference.to(d.device)
+
+    def frozen(path):
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False).to(d.device)
+
+    # The implicit PRM (trained) and its frozen reference; the G-OPD base (= the starting policy, so the
+    # same frozen copy); the OPD/G-OPD teacher; the step scorer. Each is loaded only when used.
+    prm = prm_opt = reference = teacher = step_scorer = None
+    if args.process == "implicit":
+        prm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(d.device).train()
+    if (args.process == "implicit" and args.reference == "sft") or args.process == "gopd":
+        reference = frozen(model_path)
+    if args.process in ("opd", "gopd"):
+        teacher_path = args.teacher or (str(toy_task.sft_checkpoint(
+            Path(args.cache_dir), args.teacher_sft_steps, log=lambda m: print0(d, "teacher: " + m))) if d.master else None)
+        if d.world > 1 and not args.teacher:
+            box = [teacher_path]
+            dist.broadcast_object_list(box, src=0)
+            teacher_path = box[0]
+        teacher = load_teacher(teacher_path, tokenizer, d)
+    if args.process == "step":
+        step_scorer = step_prm.load_step_scorer(args.step_scorer, d.device, args.step_separator)
     policy.to(d.device).train()  # from_pretrained returns eval mode; checkpointing needs train mode
-    prm.to(d.device).train()
     if args.gradient_checkpointing:
         for m in (policy, prm):  # non-reentrant checkpointing is the variant that works under DDP
-            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    policy, prm = wrap_ddp(policy, d), wrap_ddp(prm, d)
+            if m is not None:
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    policy = wrap_ddp(policy, d)
     policy_opt = torch.optim.AdamW(policy.parameters(), lr=args.policy_lr, weight_decay=args.policy_weight_decay)
-    prm_opt = torch.optim.AdamW(prm.parameters(), lr=args.prm_lr, weight_decay=0.0)
+    if prm is not None:
+        prm = wrap_ddp(prm, d)
+        prm_opt = torch.optim.AdamW(prm.parameters(), lr=args.prm_lr, weight_decay=0.0)
     if args.rollout == "vllm":  # an engine in this process, fed the policy's weights after every update
         sampler = VLLMRollout(model_path, tokenizer, args.max_response_len, args.temperature, args.top_p,
                               max_model_len=args.max_prompt_len + args.max_response_len, seed=args.seed + d.rank,
@@ -710,6 +919,11 @@ def main(argv=None):
         if d.master:
             write_atomic(summary_path, json.dumps({"start_accuracy": start_accuracy}, indent=2))
     print0(d, f"held-out accuracy of the starting checkpoint: {start_accuracy:.3f} ({len(eval_tasks)} problems)")
+    if args.prm_warmup_steps and not args.resume:  # an offline PRM: fit on the starting policy's rollouts
+        warmup = warmup_prm(args, prm, prm_opt, sampler, reference if reference is not None else unwrap(policy),
+                            tokenizer, train_tasks, d)
+        print0(d, f"PRM warmup ({args.prm_warmup_steps} batches of the starting policy's rollouts): pairwise "
+                  f"accuracy before each update, first 5 {np.mean(warmup[:5]):.2f}, last 5 {np.mean(warmup[-5:]):.2f}")
 
     from tqdm import tqdm
     wall_start = time.time()
@@ -755,34 +969,20 @@ def main(argv=None):
             logp_ref = logp_old
         times["policy"] = time.time() - t
 
-        # 4. Implicit PRM: forward for rewards (Eq. 3) and cross-entropy update -------------------
+        # 4. Process signal: the implicit PRM's rewards (Eq. 3) and its CE update, or another source
         t = time.time()
-        logp_prm_store = torch.zeros_like(mask)
-
-        def prm_loss_fn(s, weight):
-            logp_prm = response_logprobs(prm, batch.select(s))
-            if weight:  # single forward: the rewards come from this (pre-update) forward
-                logp_prm_store[s] = logp_prm.detach()
-            if args.prm_loss == "ce":
-                return prime.prm_ce_loss(logp_prm, logp_ref[s], mask[s], batch_outcome[s], args.beta)
-            return prime.prm_dpo_loss(logp_prm, logp_ref[s], mask[s], batch_outcome[s], args.beta, args.n_samples)
-
-        if args.prm_loss == "dpo":  # whole groups per micro-batch
-            assert args.micro_batch_size % args.n_samples == 0, "--micro-batch-size must hold whole groups for DPO"
-        prm_losses = run_update(prm, prm_opt, prm_loss_fn, n_train, args, d, args.prm_grad_clip)
-        if args.prm_update == "before":  # double forward: rewards from the updated PRM
-            logp_prm_store = logprobs_no_grad(unwrap(prm), batch, args.micro_batch_size)
-        log_ratio = prime.implicit_process_reward(logp_prm_store, logp_ref, mask, 1.0)  # (B, R)
-        prm_accuracy = prime.prm_pairwise_accuracy(log_ratio.sum(-1), batch_outcome, args.n_samples).item()
+        questions = [tasks[i // args.n_samples].text for i in rows.tolist()]
+        signal, sequence_score, step_ids, prm_losses = process_signal(
+            args, batch, [texts[i] for i in rows.tolist()], questions, batch_outcome, logp_old, logp_ref, n_train,
+            prm, prm_opt, teacher, step_scorer, tokenizer, d)
+        prm_accuracy = (prime.prm_pairwise_accuracy(sequence_score, batch_outcome, args.n_samples).item()
+                        if args.process != "none" else 0.0)
         prm_accuracy_sum = prm_accuracy * n_kept_groups  # weighted by groups, so ranks average right
         times["prm"] = time.time() - t
 
         # 5. Advantages -------------------------------------------------------------------------
-        if args.process_norm == "batch":  # official: rescale the raw log-ratio by the batch
-            process = prime.normalize_process_reward(log_ratio, mask)
-        else:  # paper Eq. 3
-            process = args.beta * log_ratio
-        process_in = process if args.process_reward else None
+        process = process_rewards(args, signal, step_ids, mask)  # (B, R) per-token rewards for Eq. 5
+        process_in = process if args.process != "none" else None
         if args.estimator == "rloo":
             adv = prime.rloo_advantage(process_in, batch_outcome, mask, args.n_samples, args.gamma, args.rloo_form)
         elif args.estimator == "grpo":
@@ -790,14 +990,15 @@ def main(argv=None):
         elif args.estimator == "reinforce":
             adv = prime.reinforce_advantage(process_in, batch_outcome, mask, args.gamma)
         elif args.estimator == "prm-value":
-            adv = prime.prm_value_advantage(args.beta * log_ratio, batch_outcome, mask, args.gamma)
-        else:  # PASS: the process signal shaped into GRPO's advantage (pass_advantage.py)
-            import pass_advantage
+            adv = prime.prm_value_advantage(args.beta * signal, batch_outcome, mask, args.gamma)
+        else:  # PASS: the raw process signal shaped into GRPO's advantage (pass_advantage.py)
             fmt = torch.tensor([scores[i].format for i in rows.tolist()], dtype=torch.float32, device=d.device)
             group_ids = torch.arange(len(batch), device=d.device) // args.n_samples
-            signal = args.beta * log_ratio if args.process_reward else torch.zeros_like(log_ratio)
-            adv = pass_advantage.pass_advantage(signal, mask, batch_outcome, fmt, group_ids,
-                                                **pass_advantage.PRESETS["math"])
+            preset = pass_advantage.PRESETS[args.pass_preset]
+            if args.pass_preset == "v1":
+                preset = dict(preset, step_ids=step_ids)
+            pass_in = args.beta * signal if args.process == "implicit" else signal
+            adv = pass_advantage.pass_advantage(pass_in, mask, batch_outcome, fmt, group_ids, **preset)
         if args.estimator in ("rloo", "reinforce", "prm-value"):
             adv = prime.whiten(adv, mask)  # official: global whitening of every advantage
 
@@ -826,7 +1027,7 @@ def main(argv=None):
             "response_length": sums[4] / sums[1],
             "truncated_fraction": sums[5] / sums[1],
             "format": sums[6] / sums[1],
-            "prm_accuracy": sums[7] / sums[2] if sums[2] else None,  # over the kept groups
+            "prm_accuracy": sums[7] / sums[2] if sums[2] and args.process != "none" else None,  # kept groups
             "prm_loss": sums[8] / max(sums[9], 1),
             "policy_loss": sums[10] / max(sums[11], 1),
             "process_reward_abs_mean": prime.masked_mean(process.abs(), mask).item(),

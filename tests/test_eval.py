@@ -42,7 +42,7 @@ def sft(cache):
 def runs(cache, tmp_path_factory):
     """Two short real train.py runs to compare: PRIME (A) and the outcome-only baseline (B)."""
     out = tmp_path_factory.mktemp("runs")
-    for name, steps, extra in (("A", 3, []), ("B", 2, ["--no-process-reward"])):
+    for name, steps, extra in (("A", 3, []), ("B", 2, ["--process", "none"])):
         proc = subprocess.run(
             [sys.executable, str(REPO / "train.py"), "--steps", str(steps), "--prompts-per-step", "8",
              "--eval-problems", "16", "--sft-steps", str(SFT_STEPS), "--cache-dir", str(cache),
@@ -167,7 +167,7 @@ def test_multiple_answer_gold_needs_all_answers_in_any_order():
 def test_prompts_match_training_prompts_with_and_without_chat_template(sft):
     import train
     tokenizer = eval.load_tokenizer(str(sft))
-    assert eval.SUFFIX == train.Args().user_suffix
+    assert eval.SUFFIX == train.MATH_SUFFIX
     row = {"problem": "What is $1+1$?", "answer": "2"}
     for template in (None, "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"
                            "{% if add_generation_prompt %}[assistant]{% endif %}"):

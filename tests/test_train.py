@@ -211,12 +211,19 @@ def test_verl_parquet_and_jsonl_rows_become_tasks(tmp_path):
     assert tasks[0].answer == "8" and tokenizer.decode(tasks[0].prompt_ids) == "2*4=\n"
 
 
+TEACHER = ["--teacher-sft-steps", str(SFT_STEPS)]  # the cached SFT model: the teacher = the starting student
+
+
 @pytest.mark.parametrize("flags", [
     ["--estimator", "grpo"], ["--estimator", "reinforce"], ["--estimator", "prm-value"],
-    ["--estimator", "pass"], ["--estimator", "pass", "--no-process-reward"], ["--no-process-reward"],
+    ["--estimator", "pass"], ["--estimator", "pass", "--process", "none"], ["--process", "none"],
     ["--reference", "policy"], ["--prm-update", "before"], ["--prm-loss", "dpo"],
     ["--rloo-form", "paper", "--process-norm", "beta"], ["--gradient-checkpointing", "--mini-batches", "2"],
     ["--filter-truncated", "--filter-low", "0", "--filter-high", "1"],
+    ["--prm-warmup-steps", "2", "--no-prm-online"], ["--prm-warmup-steps", "1", "--reference", "policy"],
+    ["--process", "opd", *TEACHER], ["--process", "gopd", "--estimator", "pass", *TEACHER],
+    ["--process", "step"], ["--process", "step", "--process-norm", "beta", "--estimator", "grpo"],
+    ["--process", "step", "--estimator", "pass", "--pass-preset", "v1"],
 ], ids=lambda f: " ".join(f))
 def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
     """Each option the paper studies, one real step in-process (the verifier pool is shared)."""
@@ -225,10 +232,52 @@ def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
                           "--micro-batch-size", "8", "--filter-low", "0", "--filter-high", "1", *flags])
     metrics = metrics_of(run_dir)
     assert len(metrics) == 2
-    # the PRM trained whenever the filter kept something (the truncation filter may keep nothing)
-    assert all(m["prm_loss"] > 0 for m in metrics if m["kept_groups"] > 0)
-    assert any(m["kept_groups"] > 0 for m in metrics) or "--filter-truncated" in flags
+    args = train.parse_args(flags)
+    kept = [m for m in metrics if m["kept_groups"] > 0]
+    assert kept or "--filter-truncated" in flags
+    if args.process == "implicit" and args.prm_online:  # the PRM trained whenever the filter kept something
+        assert all(m["prm_loss"] > 0 for m in kept)
+    else:  # no PRM update: no PRM loss
+        assert all(m["prm_loss"] == 0 for m in metrics)
+    if args.process == "none":
+        assert all(m["prm_accuracy"] is None and m["process_reward_abs_mean"] == 0 for m in metrics)
+    if args.process == "step":  # the exact checker gives non-zero rewards to the steps it accepts
+        assert all(m["process_reward_abs_mean"] > 0 for m in kept)
+    if args.process in ("opd", "gopd"):  # teacher = starting student: the signal is 0 until the policy moves
+        assert metrics[0]["process_reward_abs_mean"] == 0 and metrics[1]["process_reward_abs_mean"] > 0
     config = json.loads((run_dir / "config.json").read_text())
     changed = {k: v for k, v in train.dataclasses.asdict(train.parse_args(flags)).items()
                if v != getattr(train.Args(), k)}
     assert changed and {k: config[k] for k in changed} == changed  # the run used the flags it was given
+
+
+def test_qa_rows_become_hotpotqa_style_tasks(tmp_path):
+    tokenizer = toy_task.build_tokenizer()
+    rows = [{"question": "Q1?", "answer": "Paris", "context": [["France", ["Paris is big.", " It is old."]]]},
+            {"question": "Q2?", "answer": ["NYC", "New York"],
+             "context": {"title": ["A", "B"], "sentences": [["a1.", "a2."], ["b1."]]}},
+            {"question": "Q3?", "answer": "x"}]
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = train.Args(data=str(tmp_path / "qa.jsonl"), task="qa", prompt_key="question", max_prompt_len=10_000,
+                      eval_problems=0)
+    tasks, _ = train.load_tasks(args, tokenizer)
+    assert [t.kind for t in tasks] == ["qa"] * 3
+    assert tasks[0].text == "Context:\n[France] Paris is big. It is old.\n\nQuestion: Q1?" + train.QA_SUFFIX
+    assert tasks[1].text.startswith("Context:\n[A] a1.a2.\n[B] b1.\n\nQuestion: Q2?")
+    assert tasks[1].answer == ["NYC", "New York"]  # aliases stay a list: verify.py takes the best match
+    assert tasks[2].text == "Q3?" + train.QA_SUFFIX  # no context field: the question alone
+    assert "Final Answer: [Entity]" in train.QA_SUFFIX
+
+
+def test_qa_task_trains_a_few_steps(cache_dir, tmp_path):
+    rows = [{"question": f"Who is {i}?", "answer": "Ann" if i % 2 else ["Bob", "Robert"]} for i in range(12)]
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_dir = train.main(["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--out-dir", str(tmp_path),
+                          "--run-name", "qa", "--steps", "2", "--prompts-per-step", "4", "--data",
+                          str(tmp_path / "qa.jsonl"), "--task", "qa", "--prompt-key", "question",
+                          "--user-suffix", " Final Answer:", "--max-prompt-len", "100",
+                          "--filter-low", "0", "--filter-high", "1"])
+    metrics = metrics_of(run_dir)
+    assert len(metrics) == 2 and all(m["kept_groups"] == 4 for m in metrics)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval_problems"] == 1  # a tenth of the rows is held out
