@@ -85,9 +85,9 @@ class Args:
     preset: str = ""
     """named hyper-parameter sets: 'paper' (the paper's 7B run) or '1.5b' (fits plain DDP on 80 GB GPUs)"""
     # --- the RL loop
-    steps: int = 60
+    steps: int = 100
     """RL iterations"""
-    prompts_per_step: int = 32
+    prompts_per_step: int = 64
     """prompts sampled per iteration, over all ranks (paper: 256)"""
     n_samples: int = 4
     """K, responses per prompt (paper: 4)"""
@@ -130,8 +130,8 @@ class Args:
     """--process step with an HF step PRM: where steps split; empty = blank lines, as Qwen2.5-Math-PRM"""
     pass_preset: str = "math"
     """--estimator pass: pass_advantage.PRESETS entry ('math', 'qa' or 'v1'; v1 uses the step PRM's own steps as chunks)"""
-    beta: float = 0.05
-    """implicit-reward scale (paper: 0.05)"""
+    beta: float = 1.0
+    """implicit-reward scale in the PRM's loss (paper: 0.05 for ~1000-token responses; 1.0 here, see docs/REPRODUCTION.md)"""
     filter_low: float = 0.2
     """keep prompt groups with mean accuracy >= this (inclusive)"""
     filter_high: float = 0.8
@@ -143,8 +143,8 @@ class Args:
     gamma: float = 1.0
     """discount of the process return (paper: 1.0)"""
     # --- optimisation
-    policy_lr: float = 5e-5
-    """policy AdamW learning rate (paper: 5e-7 for a 7B model)"""
+    policy_lr: float = 3e-5
+    """policy AdamW learning rate (paper: 5e-7 for a 7B model; 1e-4 degraded the tiny model here)"""
     prm_lr: float = 1e-4
     """PRM AdamW learning rate (paper: 1e-6 for a 7B model)"""
     policy_weight_decay: float = 0.01
@@ -180,7 +180,7 @@ class Args:
     """held-out problems for the start/end accuracy (embedded task) or rows held out of --data"""
     eval_every: int = 20
     """held-out accuracy every N iterations (logged as heldout_accuracy); 0 = only at start and end"""
-    sft_steps: int = 400
+    sft_steps: int = 350
     """SFT warmup steps for the embedded model (cached in .cache/)"""
     cache_dir: str = ".cache"
     """where the embedded SFT checkpoint is cached"""
