@@ -1,0 +1,258 @@
+"""The papers' headline comparisons at laptop scale, on the embedded task, several seeds each.
+
+    python reproduce.py prime-vs-rloo          # PRIME vs outcome-only RLOO (PRIME Fig. 3)
+    python reproduce.py online-vs-offline      # online vs offline (frozen) implicit PRM (Fig. 5)
+    python reproduce.py estimators             # REINFORCE / GRPO / RLOO with and without process rewards (Fig. 7)
+    python reproduce.py pass                   # GRPO outcome-only vs PASS, implicit PRM and exact step checker (PASS Table 1)
+    python reproduce.py timing                 # step-time split, PRIME vs RLOO (Table 2)
+    python reproduce.py all                    # everything above (each run once; arms are shared)
+    python reproduce.py all --report-only      # redraw plots and tables from the finished runs
+    python reproduce.py prime-vs-rloo --seeds 1 2 --steps 40 --jobs 1
+
+Each arm is a plain `python train.py` run with the flags in ARMS, written to runs/repro/<arm>-s<seed>/.
+A finished run (summary.json present) is not run again, so an interrupted reproduction continues
+where it stopped; an interrupted run restarts from its own last checkpoint (train.py --resume).
+`--jobs 2` runs two at a time with OMP_NUM_THREADS split between them (the tiny model runs
+better on one thread each than two runs fighting over both cores).
+
+Output: one PNG per comparison and results.json in --figures (default docs/figures/), and a
+Markdown table per comparison on the terminal (docs/REPRODUCTION.md quotes them). Every number is
+what the runs printed; nothing is smoothed except the plotted moving averages, which say so.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent
+
+# Each arm: train.py flags on top of the defaults (which are PRIME's: RLOO + online implicit PRM).
+ARMS = {
+    "prime": [],
+    "rloo": ["--process", "none"],
+    "prime-offline": ["--prm-warmup-steps", "20", "--no-prm-online"],
+    "reinforce": ["--estimator", "reinforce", "--process", "none"],
+    "reinforce+prm": ["--estimator", "reinforce"],
+    "grpo": ["--estimator", "grpo", "--process", "none"],
+    "grpo+prm": ["--estimator", "grpo"],
+    "pass-implicit": ["--estimator", "pass"],
+    "pass-step": ["--estimator", "pass", "--process", "step"],
+}
+LABELS = {"prime": "PRIME (RLOO + implicit PRM)", "rloo": "RLOO, outcome only", "prime-offline": "PRIME, offline PRM",
+          "reinforce": "REINFORCE", "reinforce+prm": "REINFORCE + implicit PRM", "grpo": "GRPO",
+          "grpo+prm": "GRPO + implicit PRM", "pass-implicit": "PASS, implicit PRM", "pass-step": "PASS, exact step checker"}
+COMPARISONS = {
+    "prime-vs-rloo": ["rloo", "prime"],
+    "online-vs-offline": ["prime", "prime-offline"],
+    "estimators": ["reinforce", "reinforce+prm", "grpo", "grpo+prm", "rloo", "prime"],
+    "pass": ["grpo", "pass-implicit", "pass-step"],
+    "timing": ["rloo", "prime"],
+}
+
+
+def run_arm(arm: str, seed: int, args, threads: int) -> Path:
+    name = f"{arm}-s{seed}"
+    run_dir = Path(args.out) / name
+    if (run_dir / "summary.json").exists() and "end_accuracy" in json.loads((run_dir / "summary.json").read_text()):
+        return run_dir
+    cmd = [sys.executable, str(REPO / "train.py"), "--run-name", name, "--out-dir", args.out, "--seed", str(seed),
+           "--steps", str(args.steps), "--cache-dir", args.cache_dir, *ARMS[arm], *args.train_args]
+    if (run_dir / "checkpoint" / "state.pt").exists():
+        cmd.append("--resume")
+    elif run_dir.exists():  # started but never checkpointed: start again
+        import shutil
+        shutil.rmtree(run_dir)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    t = time.time()
+    log = Path(args.out) / f"{name}.log"
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed (exit {proc.returncode}); see {log}")
+    print(f"  {name}: done in {time.time() - t:.0f}s", flush=True)
+    return run_dir
+
+
+def load(run_dir: Path) -> dict:
+    metrics = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    return {"metrics": metrics, "summary": json.loads((run_dir / "summary.json").read_text()),
+            "config": json.loads((run_dir / "config.json").read_text())}
+
+
+def series(runs: list[dict], key: str) -> np.ndarray:
+    """(seeds, steps) of one metric; None (e.g. no PRM accuracy on a step) becomes NaN."""
+    return np.array([[np.nan if m.get(key) is None else m[key] for m in r["metrics"]] for r in runs], dtype=float)
+
+
+def moving_average(x: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over the last `window` steps (fewer at the start), NaN-aware; (seeds, steps)."""
+    out = np.full_like(x, np.nan)
+    for t in range(x.shape[1]):
+        chunk = x[:, max(0, t - window + 1):t + 1]
+        with np.errstate(all="ignore"):
+            out[:, t] = np.nanmean(chunk, axis=1)
+    return out
+
+
+def first_step_reaching(curve: np.ndarray, level: float) -> int | None:
+    hits = np.nonzero(curve >= level)[0]
+    return int(hits[0]) + 1 if len(hits) else None
+
+
+def summarize(arm: str, runs: list[dict], window: int) -> dict:
+    reward = series(runs, "reward")
+    acc = series(runs, "prm_accuracy")
+    tail = slice(-window, None)
+    start = [r["summary"]["start_accuracy"] for r in runs]
+    end = [r["summary"]["end_accuracy"] for r in runs]
+    step_seconds = {k: float(np.mean([r["summary"]["step_seconds"][k] for r in runs]))
+                    for k in runs[0]["summary"]["step_seconds"]}
+    with np.errstate(all="ignore"):
+        return {"arm": arm, "seeds": len(runs),
+                "reward_last": [float(np.mean(r[tail])) for r in reward],
+                "reward_first": [float(np.mean(r[:window])) for r in reward],
+                "prm_accuracy_first": [float(np.nanmean(a[:window])) for a in acc],
+                "prm_accuracy_last": [float(np.nanmean(a[tail])) for a in acc],
+                "start_accuracy": start, "end_accuracy": end,
+                "step_seconds": step_seconds,
+                "wall_seconds": [r["summary"]["wall_seconds"] for r in runs]}
+
+
+def fmt(values, digits=3) -> str:
+    values = [v for v in values if v is not None and not np.isnan(v)]
+    if not values:
+        return "n/a"
+    return f"{np.mean(values):.{digits}f} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
+
+
+def table(rows: list[dict]) -> str:
+    """Mean [min, max] over seeds."""
+    lines = ["| arm | reward, first 20 steps | reward, last 20 steps | held-out start -> end (greedy) | "
+             "PRM pairwise acc., first 20 -> last 20 |",
+             "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {LABELS[r['arm']]} | {fmt(r['reward_first'])} | {fmt(r['reward_last'])} | "
+                     f"{np.mean(r['start_accuracy']):.3f} -> {fmt(r['end_accuracy'])} | "
+                     f"{fmt(r['prm_accuracy_first'], 2)} -> {fmt(r['prm_accuracy_last'], 2)} |")
+    return "\n".join(lines)
+
+
+def plot(comparison: str, arms: list[str], runs: dict, figures: Path, window: int) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [("reward", "outcome training reward")]
+    if comparison == "online-vs-offline":
+        keys = [("prm_accuracy", "PRM pairwise accuracy on the batch"), ("reward", "outcome training reward")]
+    elif comparison == "timing":
+        keys = []
+    fig, axes = plt.subplots(1, max(len(keys), 1), figsize=(6.5 * max(len(keys), 1), 4), squeeze=False)
+    if comparison == "timing":
+        ax = axes[0][0]
+        phases = list(runs[arms[0]][0]["summary"]["step_seconds"])
+        for i, arm in enumerate(arms):
+            values = [np.mean([r["summary"]["step_seconds"][p] for r in runs[arm]]) for p in phases]
+            left = np.cumsum([0] + values[:-1])
+            ax.barh([i] * len(phases), values, left=left, color=[f"C{j}" for j in range(len(phases))],
+                    label=phases if i == 0 else None)
+        ax.set_yticks(range(len(arms)), [LABELS[a] for a in arms])
+        ax.set_xlabel("seconds per step (mean over seeds)")
+        ax.legend(ncol=len(phases), fontsize=8)
+    for ax, (key, title) in zip(axes[0], keys):
+        for i, arm in enumerate(arms):
+            x = moving_average(series(runs[arm], key), window)
+            steps = np.arange(1, x.shape[1] + 1)
+            with np.errstate(all="ignore"):
+                ax.plot(steps, np.nanmean(x, 0), color=f"C{i}", label=LABELS[arm])
+                ax.fill_between(steps, np.nanmin(x, 0), np.nanmax(x, 0), color=f"C{i}", alpha=0.15)
+        ax.set_title(f"{title} ({window}-step moving average; band = min..max over seeds)", fontsize=9)
+        ax.set_xlabel("RL step")
+        if key == "prm_accuracy":
+            ax.axhline(0.5, color="grey", lw=0.8, ls=":")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    figures.mkdir(parents=True, exist_ok=True)
+    path = figures / f"{comparison}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("comparison", choices=[*COMPARISONS, "all"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--steps", type=int, default=100, help="RL steps of every run")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    parser.add_argument("--out", default="runs/repro", help="where the runs go")
+    parser.add_argument("--cache-dir", default=".cache", help="the shared SFT checkpoint cache")
+    parser.add_argument("--figures", default="docs/figures", help="where the plots and results.json go")
+    parser.add_argument("--window", type=int, default=20, help="steps averaged for 'first'/'last' and the curves")
+    parser.add_argument("--report-only", action="store_true", help="only plots and tables from finished runs")
+    args, args.train_args = parser.parse_known_args(argv)  # anything else goes to every train.py run
+
+    names = list(COMPARISONS) if args.comparison == "all" else [args.comparison]
+    arms = list(dict.fromkeys(a for n in names for a in COMPARISONS[n]))
+    if not args.report_only:
+        # The SFT checkpoint first, once (every run would otherwise race to build it).
+        subprocess.run([sys.executable, "-c", "import sys, toy_task; from pathlib import Path; "
+                        f"toy_task.sft_checkpoint(Path({args.cache_dir!r}), int(sys.argv[1]))",
+                        str(sft_steps(args.train_args))], check=True, cwd=REPO)
+        jobs = [(arm, seed) for seed in args.seeds for arm in arms]
+        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        t = time.time()
+        print(f"{len(jobs)} runs ({len(arms)} arms x {len(args.seeds)} seeds), {args.jobs} at a time", flush=True)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(lambda job: run_arm(*job, args, threads), jobs))
+        print(f"all runs finished in {(time.time() - t) / 60:.1f} min", flush=True)
+
+    runs = {arm: [load(Path(args.out) / f"{arm}-s{s}") for s in args.seeds] for arm in arms}
+    results = {arm: summarize(arm, runs[arm], args.window) for arm in arms}
+    figures = Path(args.figures)
+    for name in names:
+        path = plot(name, COMPARISONS[name], runs, figures, args.window)
+        print(f"\n## {name}  ({path})\n")
+        print(table([results[a] for a in COMPARISONS[name]]))
+        if name == "prime-vs-rloo":
+            print(sample_efficiency(runs["rloo"], runs["prime"], args.window))
+        if name == "timing":
+            for arm in COMPARISONS[name]:
+                split = results[arm]["step_seconds"]
+                print(f"{LABELS[arm]}: {sum(split.values()):.2f} s/step = " +
+                      ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
+    old = json.loads((figures / "results.json").read_text()) if (figures / "results.json").exists() else {}
+    old.update(results)
+    tmp = figures / "results.json.tmp"
+    tmp.write_text(json.dumps(old, indent=1))
+    os.replace(tmp, figures / "results.json")
+
+
+def sft_steps(train_args: list[str]) -> int:
+    import train
+    return train.parse_args(train_args).sft_steps
+
+
+def sample_efficiency(rloo: list[dict], prime_runs: list[dict], window: int) -> str:
+    """Fig. 3's reading: the step at which PRIME's moving-average reward first reaches RLOO's final
+    moving-average reward, per seed (paired by seed), and the final gap."""
+    lines = []
+    for a, b in zip(rloo, prime_runs):
+        r = moving_average(series([a], "reward"), window)[0]
+        p = moving_average(series([b], "reward"), window)[0]
+        reach = first_step_reaching(p, r[-1])
+        lines.append(f"seed {a['config']['seed']}: RLOO final {r[-1]:.3f}, PRIME final {p[-1]:.3f}; PRIME reaches "
+                     f"RLOO's final reward at step {reach if reach else 'never'} of {len(p)}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
