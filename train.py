@@ -78,8 +78,8 @@ class Args:
     """what a plain --data row is: 'math' (boxed answer, math-verify) or 'qa' (HotpotQA-style, "Final Answer: ..." exact match)"""
     context_key: str = "context"
     """--task qa: field with the supporting paragraphs (a string, or HotpotQA's title/sentences lists); optional"""
-    user_suffix: str = ""
-    """appended to each question; empty = the task's own (math: the paper's \\boxed instruction; qa: PASS's Final Answer one)"""
+    user_suffix: str = "default"
+    """appended to each question; 'default' = the task's own (math: the paper's \\boxed instruction; qa: PASS's Final Answer one); '' = none"""
     system_prompt: str = ""
     """optional system message for the chat template"""
     preset: str = ""
@@ -379,7 +379,7 @@ def row_to_task(row: dict, index: int, args: Args, tokenizer) -> Task:
         question, kind = str(row[args.prompt_key]), args.task
         if kind == "qa" and row.get(args.context_key):
             question = f"Context:\n{qa_context(row[args.context_key])}\n\nQuestion: {question}"
-        suffix = args.user_suffix or (QA_SUFFIX if kind == "qa" else MATH_SUFFIX)
+        suffix = (QA_SUFFIX if kind == "qa" else MATH_SUFFIX) if args.user_suffix == "default" else args.user_suffix
         messages = [{"role": "user", "content": question + suffix}]
         if args.system_prompt:
             messages.insert(0, {"role": "system", "content": args.system_prompt})

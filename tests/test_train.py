@@ -267,6 +267,9 @@ def test_qa_rows_become_hotpotqa_style_tasks(tmp_path):
     assert tasks[1].answer == ["NYC", "New York"]  # aliases stay a list: verify.py takes the best match
     assert tasks[2].text == "Q3?" + train.QA_SUFFIX  # no context field: the question alone
     assert "Final Answer: [Entity]" in train.QA_SUFFIX
+    tasks, _ = train.load_tasks(train.Args(data=str(tmp_path / "qa.jsonl"), task="qa", prompt_key="question",
+                                           max_prompt_len=10_000, eval_problems=0, user_suffix=""), tokenizer)
+    assert tasks[2].text == "Q3?"  # --user-suffix '' means no suffix at all
 
 
 def test_qa_task_trains_a_few_steps(cache_dir, tmp_path):
