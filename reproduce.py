@@ -135,11 +135,11 @@ def fmt(values, digits=3) -> str:
 
 def table(rows: list[dict]) -> str:
     """Mean [min, max] over seeds."""
-    lines = ["| arm | reward, first 20 steps | reward, last 20 steps | held-out start -> end (greedy) | "
+    lines = ["| arm | seeds | reward, first 20 steps | reward, last 20 steps | held-out start -> end (greedy) | "
              "PRM pairwise acc., first 20 -> last 20 |",
-             "| --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        lines.append(f"| {LABELS[r['arm']]} | {fmt(r['reward_first'])} | {fmt(r['reward_last'])} | "
+        lines.append(f"| {LABELS[r['arm']]} | {r['seeds']} | {fmt(r['reward_first'])} | {fmt(r['reward_last'])} | "
                      f"{np.mean(r['start_accuracy']):.3f} -> {fmt(r['end_accuracy'])} | "
                      f"{fmt(r['prm_accuracy_first'], 2)} -> {fmt(r['prm_accuracy_last'], 2)} |")
     return "\n".join(lines)
@@ -215,7 +215,15 @@ def main(argv=None):
             list(pool.map(lambda job: run_arm(*job, args, threads), jobs))
         print(f"all runs finished in {(time.time() - t) / 60:.1f} min", flush=True)
 
-    runs = {arm: [load(Path(args.out) / f"{arm}-s{s}") for s in args.seeds] for arm in arms}
+    runs = {}
+    for arm in arms:  # report what has finished (the table says how many seeds each row has)
+        done = [Path(args.out) / f"{arm}-s{s}" for s in args.seeds]
+        runs[arm] = [load(d) for d in done if (d / "summary.json").exists()
+                     and "end_accuracy" in json.loads((d / "summary.json").read_text())]
+        if len(runs[arm]) < len(args.seeds):
+            print(f"warning: {arm}: {len(runs[arm])} of {len(args.seeds)} seeds finished")
+    arms = [a for a in arms if runs[a]]
+    names = [n for n in names if all(runs.get(a) for a in COMPARISONS[n])]
     results = {arm: summarize(arm, runs[arm], args.window) for arm in arms}
     figures = Path(args.figures)
     for name in names:
@@ -243,12 +251,14 @@ def sft_steps(train_args: list[str]) -> int:
 
 def sample_efficiency(rloo: list[dict], prime_runs: list[dict], window: int) -> str:
     """Fig. 3's reading: the step at which PRIME's moving-average reward first reaches RLOO's final
-    moving-average reward, per seed (paired by seed), and the final gap."""
+    moving-average reward, per seed (paired by seed), and the final gap. Only full windows count
+    (from step `window` on); the paper's 2.5x is RLOO's final step over that step."""
     lines = []
     for a, b in zip(rloo, prime_runs):
         r = moving_average(series([a], "reward"), window)[0]
         p = moving_average(series([b], "reward"), window)[0]
-        reach = first_step_reaching(p, r[-1])
+        reach = first_step_reaching(p[window - 1:], r[-1])  # full windows only: early means are too noisy
+        reach = reach + window - 1 if reach else None
         lines.append(f"seed {a['config']['seed']}: RLOO final {r[-1]:.3f}, PRIME final {p[-1]:.3f}; PRIME reaches "
                      f"RLOO's final reward at step {reach if reach else 'never'} of {len(p)}")
     return "\n".join(lines)
