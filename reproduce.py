@@ -119,11 +119,17 @@ def summarize(arm: str, runs: list[dict], window: int) -> dict:
         return {"arm": arm, "seeds": len(runs),
                 "reward_last": [float(np.mean(r[tail])) for r in reward],
                 "reward_first": [float(np.mean(r[:window])) for r in reward],
-                "prm_accuracy_first": [float(np.nanmean(a[:window])) for a in acc],
-                "prm_accuracy_last": [float(np.nanmean(a[tail])) for a in acc],
+                "prm_accuracy_first": [_nanmean(a[:window]) for a in acc],
+                "prm_accuracy_last": [_nanmean(a[tail]) for a in acc],
                 "start_accuracy": start, "end_accuracy": end,
                 "step_seconds": step_seconds,
                 "wall_seconds": [r["summary"]["wall_seconds"] for r in runs]}
+
+
+def _nanmean(x: np.ndarray) -> float:
+    """Mean of the non-NaN values; NaN (quietly) when there are none, e.g. no PRM in the run."""
+    x = x[~np.isnan(x)]
+    return float(x.mean()) if len(x) else float("nan")
 
 
 def fmt(values, digits=3) -> str:
