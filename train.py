@@ -451,18 +451,25 @@ def step_prompts(args: Args, train_tasks: list[Task], tokenizer, step: int, d: D
 # ---------------------------------------------------------------------------------------------------
 
 
+def embedded_checkpoint(args: Args, sft_steps: int, d: Dist, label: str = "") -> str:
+    """Path of the cached toy SFT checkpoint of `sft_steps` steps. Rank 0 trains it on first use;
+    the other ranks wait for it and get its path."""
+    path = str(toy_task.sft_checkpoint(Path(args.cache_dir), sft_steps, log=lambda m: print0(d, label + m))
+               ) if d.master else None
+    if d.world > 1:
+        box = [path]
+        dist.broadcast_object_list(box, src=0)
+        path = box[0]
+    return path
+
+
 def load_model_and_tokenizer(args: Args, d: Dist):
     """The SFT checkpoint: policy, PRM and reference all start from it (paper Sec. 3.3)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = args.model
     if not path:
-        path = str(toy_task.sft_checkpoint(Path(args.cache_dir), args.sft_steps, log=lambda m: print0(d, m))
-                   ) if d.master else None
-        if d.world > 1:  # rank 0 trains the SFT model once; the others wait for it
-            box = [path]
-            dist.broadcast_object_list(box, src=0)
-            path = box[0]
+        path = embedded_checkpoint(args, args.sft_steps, d)
     elif not Path(path).exists() and "/" not in path:
         raise SystemExit(f"--model {path}: no such local path (and not a hub name like org/model)")
     try:
@@ -506,16 +513,21 @@ def check_memory(path: str, args: Args, d: Dist) -> None:
 
 def load_teacher(path: str, tokenizer, d: Dist):
     """The OPD/G-OPD teacher: frozen, and on the policy's token ids (it scores the student's tokens)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     try:
         if AutoTokenizer.from_pretrained(path).get_vocab() != tokenizer.get_vocab():
             raise SystemExit(f"--teacher {path}: its tokenizer differs from the policy's; OPD compares "
                              "log-probs of the same token ids, so the vocabularies must be identical")
-        teacher = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        return load_frozen(path, d)
     except OSError as e:
         raise SystemExit(f"--teacher {path}: cannot load it ({e})")
-    return teacher.eval().requires_grad_(False).to(d.device)
+
+
+def load_frozen(path: str, d: Dist):
+    """A model that is only read (reference, teacher): fp32, eval mode, no gradients, on the device."""
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False).to(d.device)
 
 
 def wrap_ddp(model, d: Dist):
@@ -599,6 +611,35 @@ def run_update(model, optimizer, loss_fn, n_rows: int, args: Args, d: Dist, grad
 
 
 # ---------------------------------------------------------------------------------------------------
+# Verification and the online filter (steps 2-3; also used by the offline PRM's warm-up)
+# ---------------------------------------------------------------------------------------------------
+
+
+def verify_rollouts(sampler, ro: Rollout, tasks: list[Task], args: Args):
+    """(decoded texts, verify.Score per response, outcome r_o as a (B,) float tensor)."""
+    texts = sampler.decode(ro)
+    scores = verify.score_batch(texts, [task.answer for task in tasks for _ in range(args.n_samples)],
+                                [task.kind for task in tasks for _ in range(args.n_samples)])
+    return texts, scores, torch.tensor([s.reward for s in scores], dtype=torch.float32)
+
+
+def filter_groups(outcome, ro: Rollout, args: Args):
+    """Sec. 3.4's online filter: (rows to train on, kept groups, rows that carry gradient).
+
+    Keeps whole groups with low <= mean accuracy <= high (and, with --filter-truncated, none of its
+    responses cut at max_response_len). When nothing is kept, the first group stays as a placeholder
+    (with zero rows of gradient) so that this rank can still run zero-weight passes under DDP."""
+    keep = prime.keep_groups(outcome, args.n_samples, args.filter_low, args.filter_high)
+    if args.filter_truncated:
+        keep &= ~ro.truncated.view(-1, args.n_samples).any(-1)
+    rows = keep.repeat_interleave(args.n_samples).nonzero().squeeze(-1)
+    n_kept_groups, n_train = int(keep.sum()), len(rows)
+    if n_kept_groups == 0:
+        rows = torch.arange(args.n_samples)
+    return rows, n_kept_groups, n_train
+
+
+# ---------------------------------------------------------------------------------------------------
 # Process signals: PRIME's implicit PRM (Eq. 3 + its CE update), a teacher (OPD, G-OPD), a step PRM
 # ---------------------------------------------------------------------------------------------------
 
@@ -631,8 +672,8 @@ def implicit_prm_step(prm, prm_opt, batch: Rollout, logp_ref, mask, outcome, n_t
     return prime.implicit_process_reward(logp_prm_store, logp_ref, mask, 1.0), losses
 
 
-def process_signal(args: Args, batch: Rollout, responses, questions, outcome, logp_old, logp_ref, n_train: int,
-                   prm, prm_opt, teacher, step_scorer, tokenizer, d: Dist):
+def process_signal(args: Args, batch: Rollout, mask, responses, questions, outcome, logp_old, logp_ref,
+                   n_train: int, prm, prm_opt, teacher, step_scorer, tokenizer, d: Dist):
     """The raw process signal of --process, before any scaling: (signal (B, R), sequence score (B,)
     for the pairwise-accuracy diagnostic, step ids (B, R) or None, PRM losses).
 
@@ -643,7 +684,6 @@ def process_signal(args: Args, batch: Rollout, responses, questions, outcome, lo
         none      zeros (outcome-only baselines)
     The student's log-probs are the old policy's (the sampler's). The sequence score is the signal's
     sum over tokens; for step scores it is their mean over steps (more steps should not score higher)."""
-    mask = batch.response_mask.to(d.device).float()
     step_ids, losses = None, []
     if args.process == "implicit":
         signal, losses = implicit_prm_step(prm, prm_opt, batch, logp_ref, mask, outcome, n_train, args, d,
@@ -691,20 +731,14 @@ def warmup_prm(args: Args, prm, prm_opt, sampler, reference, tokenizer, train_ta
     for i in range(args.prm_warmup_steps):
         tasks = step_prompts(args, train_tasks, tokenizer, -1 - i, d)
         ro = sampler.generate([task.prompt_ids for task in tasks], n=args.n_samples)
-        scores = verify.score_batch(sampler.decode(ro), [task.answer for task in tasks for _ in range(args.n_samples)],
-                                    [task.kind for task in tasks for _ in range(args.n_samples)])
-        outcome = torch.tensor([s.reward for s in scores], dtype=torch.float32)
-        keep = prime.keep_groups(outcome, args.n_samples, args.filter_low, args.filter_high)
-        rows = keep.repeat_interleave(args.n_samples).nonzero().squeeze(-1)
-        n_train = len(rows)
-        if n_train == 0:
-            rows = torch.arange(args.n_samples)
+        _, _, outcome = verify_rollouts(sampler, ro, tasks, args)
+        rows, n_kept_groups, n_train = filter_groups(outcome, ro, args)
         batch, outcome = ro.select(rows), outcome[rows].to(d.device)
         mask = batch.response_mask.to(d.device).float()
         logp_ref = logprobs_no_grad(reference, batch, args.micro_batch_size)
         log_ratio, _ = implicit_prm_step(prm, prm_opt, batch, logp_ref, mask, outcome, n_train, args, d, update=True)
         acc = prime.prm_pairwise_accuracy(log_ratio.sum(-1), outcome, args.n_samples).item() if n_train else 0.5
-        accuracies.append(all_reduce([acc * int(keep.sum()), int(keep.sum())], d))
+        accuracies.append(all_reduce([acc * n_kept_groups, n_kept_groups], d))
     return [a / max(n, 1) for a, n in accuracies]
 
 
@@ -863,23 +897,15 @@ def main(argv=None):
     train_tasks, eval_tasks = load_tasks(args, tokenizer)
     from transformers import AutoModelForCausalLM
 
-    def frozen(path):
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False).to(d.device)
-
     # The implicit PRM (trained) and its frozen reference; the G-OPD base (= the starting policy, so the
     # same frozen copy); the OPD/G-OPD teacher; the step scorer. Each is loaded only when used.
     prm = prm_opt = reference = teacher = step_scorer = None
     if args.process == "implicit":
         prm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(d.device).train()
     if (args.process == "implicit" and args.reference == "sft") or args.process == "gopd":
-        reference = frozen(model_path)
+        reference = load_frozen(model_path, d)
     if args.process in ("opd", "gopd"):
-        teacher_path = args.teacher or (str(toy_task.sft_checkpoint(
-            Path(args.cache_dir), args.teacher_sft_steps, log=lambda m: print0(d, "teacher: " + m))) if d.master else None)
-        if d.world > 1 and not args.teacher:
-            box = [teacher_path]
-            dist.broadcast_object_list(box, src=0)
-            teacher_path = box[0]
+        teacher_path = args.teacher or embedded_checkpoint(args, args.teacher_sft_steps, d, "teacher: ")
         teacher = load_teacher(teacher_path, tokenizer, d)
     if args.process == "step":
         step_scorer = step_prm.load_step_scorer(args.step_scorer, d.device, args.step_separator)
@@ -942,21 +968,11 @@ def main(argv=None):
 
         # 2. Verify: outcome reward r_o in [0, 1] ------------------------------------------------
         t = time.time()
-        texts = sampler.decode(ro)
-        scores = verify.score_batch(texts, [task.answer for task in tasks for _ in range(args.n_samples)],
-                                    [task.kind for task in tasks for _ in range(args.n_samples)])
-        outcome = torch.tensor([s.reward for s in scores], dtype=torch.float32)
+        texts, scores, outcome = verify_rollouts(sampler, ro, tasks, args)
         times["verify"] = time.time() - t
 
         # 3. Online prompt filter: keep groups with low <= mean accuracy <= high ------------------
-        keep = prime.keep_groups(outcome, args.n_samples, args.filter_low, args.filter_high)
-        if args.filter_truncated:
-            keep &= ~ro.truncated.view(-1, args.n_samples).any(-1)
-        rows = keep.repeat_interleave(args.n_samples).nonzero().squeeze(-1)
-        n_kept_groups = int(keep.sum())
-        n_train = len(rows)  # rows that carry gradient
-        if n_kept_groups == 0:  # keep a placeholder group so this rank can run zero-weight passes
-            rows = torch.arange(args.n_samples)
+        rows, n_kept_groups, n_train = filter_groups(outcome, ro, args)
         batch, batch_outcome = ro.select(rows), outcome[rows].to(d.device)
         mask = batch.response_mask.to(d.device).float()
 
@@ -973,7 +989,7 @@ def main(argv=None):
         t = time.time()
         questions = [tasks[i // args.n_samples].text for i in rows.tolist()]
         signal, sequence_score, step_ids, prm_losses = process_signal(
-            args, batch, [texts[i] for i in rows.tolist()], questions, batch_outcome, logp_old, logp_ref, n_train,
+            args, batch, mask, [texts[i] for i in rows.tolist()], questions, batch_outcome, logp_old, logp_ref, n_train,
             prm, prm_opt, teacher, step_scorer, tokenizer, d)
         prm_accuracy = (prime.prm_pairwise_accuracy(sequence_score, batch_outcome, args.n_samples).item()
                         if args.process != "none" else 0.0)

@@ -81,7 +81,7 @@ def run(args, device, shapes: dict = QWEN25_05B) -> dict:
         sampler = HFRollout(policy, tokenizer, args.response_len)
     policy_opt = torch.optim.AdamW(policy.parameters(), lr=1e-6, weight_decay=0.01)
     prm_opt = torch.optim.AdamW(prm.parameters(), lr=1e-6)
-    loop_args = train.Args(micro_batch_size=args.micro_batch_size, mini_batches=1, n_samples=args.n)
+    loop_args = train.Args(micro_batch_size=args.micro_batch_size, mini_batches=1, n_samples=args.n, beta=0.05)
     d = train.Dist(device=device)
     generator = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, shapes["vocab_size"], (args.prompts, args.prompt_len), generator=generator)
@@ -119,17 +119,10 @@ def run(args, device, shapes: dict = QWEN25_05B) -> dict:
         with phase("old/ref", 2 * B * T):
             logp_old = train.logprobs_no_grad(policy, ro, args.micro_batch_size)
             logp_ref = train.logprobs_no_grad(reference, ro, args.micro_batch_size)
-        logp_prm_store = torch.zeros_like(mask)
-
-        def prm_loss_fn(s, weight):
-            logp_prm = train.response_logprobs(prm, ro.select(s))
-            logp_prm_store[s] = logp_prm.detach()
-            return prime.prm_ce_loss(logp_prm, logp_ref[s], mask[s], outcome[s], 0.05)
-
-        with phase("prm", B * T):
-            train.run_update(prm, prm_opt, prm_loss_fn, B, loop_args, d, 10.0)
+        with phase("prm", B * T):  # train.py's own PRM step: forward for rewards + CE update
+            log_ratio, _ = train.implicit_prm_step(prm, prm_opt, ro, logp_ref, mask, outcome, B, loop_args, d,
+                                                   update=True)
         with phase("advantages", B * T):
-            log_ratio = prime.implicit_process_reward(logp_prm_store, logp_ref, mask, 1.0)
             process = prime.normalize_process_reward(log_ratio, mask)
             adv = prime.whiten(prime.rloo_advantage(process, outcome, mask, args.n, 1.0, "official"), mask)
 
