@@ -32,9 +32,11 @@ import torch.nn.functional as F
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
-    """Mean of x over positions where mask == 1 (0 where there are none)."""
+    """Mean of x over positions where mask == 1 (0 where there are none). Padding may hold anything,
+    NaN and inf included: it is selected away, not multiplied by 0 (NaN * 0 is NaN)."""
+    x = torch.where(mask.bool(), x, torch.zeros_like(x))
     mask = mask.to(x.dtype)
-    total = (x * mask).sum() if dim is None else (x * mask).sum(dim)
+    total = x.sum() if dim is None else x.sum(dim)
     count = mask.sum() if dim is None else mask.sum(dim)
     return total / count.clamp(min=1)
 
@@ -92,7 +94,10 @@ class _TokenLogprob(torch.autograd.Function):
         picked = torch.empty_like(logsumexp)
         for start in range(0, flat.shape[0], chunk_rows):
             end = start + chunk_rows
-            rows = flat[start:end].float().div_(temperature)  # (chunk, V) float32, the only big temporary
+            # `.float()` of a float32 tensor is the tensor itself, not a copy: an in-place op here
+            # would write into the caller's logits. `/` always allocates. (chunk, V) float32, the
+            # only big temporary.
+            rows = flat[start:end].float() / temperature
             logsumexp[start:end] = torch.logsumexp(rows, dim=-1)
             picked[start:end] = rows.gather(-1, flat_labels[start:end, None]).squeeze(-1)
         ctx.save_for_backward(logits, labels, logsumexp)
@@ -108,8 +113,8 @@ class _TokenLogprob(torch.autograd.Function):
         grad = torch.empty_like(flat)
         for start in range(0, flat.shape[0], ctx.chunk_rows):
             end = start + ctx.chunk_rows
-            g = flat[start:end].float().div_(ctx.temperature)
-            g.sub_(logsumexp[start:end, None]).exp_().neg_()  # -softmax, in place
+            g = flat[start:end].float() / ctx.temperature  # a new tensor: the in-place ops below
+            g.sub_(logsumexp[start:end, None]).exp_().neg_()  # are on it, never on the logits (-softmax)
             g.scatter_add_(-1, flat_labels[start:end, None], torch.ones_like(g[:, :1]))
             grad[start:end] = g.mul_(scale[start:end, None])
         return grad.reshape(logits.shape), None, None, None
@@ -147,6 +152,9 @@ def implicit_process_reward(logp_prm: torch.Tensor, logp_ref: torch.Tensor, mask
     `normalize_process_reward` rescales the batch, so beta only matters inside the PRM loss. Pass
     beta=1.0 and call `normalize_process_reward` for the official behaviour.
     At initialisation the PRM equals the reference, so every reward is exactly 0.
+    Every valid token is rewarded, the last one (normally EOS) included, as in PRIME-RL. veRL's PRIME
+    recipe differs here: it gives the last valid token process reward 0 (it masks the EOS out of the
+    log-ratio). We follow PRIME-RL; pass `mask` without the EOS for veRL's behaviour.
     """
     return torch.where(mask.bool(), beta * (logp_prm - logp_ref), torch.zeros_like(logp_prm))
 
@@ -276,6 +284,7 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tens
     Not in the paper's equations, but applied to every advantage in the official runs.
     """
     valid = mask.bool()
+    x = torch.where(valid, x, torch.zeros_like(x))  # padding may hold NaN: never let it reach var
     n = valid.sum()
     mean = masked_mean(x, mask)
     var = (((x - mean) ** 2) * valid).sum() / (n - 1).clamp(min=1)
@@ -357,7 +366,7 @@ def prm_value_advantage(process_reward: torch.Tensor, outcome: torch.Tensor, mas
 
 
 def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
-                  mask: torch.Tensor, clip_eps: float = 0.2) -> torch.Tensor:
+                  mask: torch.Tensor, clip_eps: float = 0.2, dual_clip: float | None = None) -> torch.Tensor:
     """Eq. 6, PPO's clipped surrogate, negated to be minimised and averaged over valid tokens:
 
         L(theta) = -E_t[ min( rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t ) ],
@@ -366,12 +375,26 @@ def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.
     Shapes: (B, T) each -> scalar. Token-mean over the valid tokens of this (micro-)batch, as the
     official code does (it then averages micro-batch losses over gradient-accumulation steps).
     The min means: once rho_t leaves [1 - eps, 1 + eps] on the side the advantage pushes towards,
-    the token contributes no gradient. No KL or entropy term (the paper's run uses neither).
+    the token contributes no gradient. Inside the range (rho_t = 1 on the first epoch) both branches
+    are equal and both carry the full gradient. No KL or entropy term (the paper's run uses neither).
+
+    `dual_clip` = c > 1 (Ye et al. 2020, "dual-clip PPO"; veRL's `clip_ratio_c = 3`): for A_t < 0 the
+    per-token loss is also capped at -c A_t, so a token whose ratio has already grown past c stops
+    pulling (its unclipped loss -rho_t A_t would grow without bound):
+        A_t < 0:  loss_t = min( max(-rho_t A_t, -clip(rho_t) A_t), -c A_t )
+    None (the default) is PRIME-RL's loss, which has no dual clip. veRL also clamps the log-ratio
+    log rho_t to [-20, 20] before exp; we do not (PRIME-RL does not, and with one PPO epoch per
+    batch rho_t stays near 1).
     """
     ratio = torch.exp(logp - logp_old)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    return masked_mean(-torch.minimum(unclipped, clipped), mask)
+    unclipped = -ratio * advantages
+    clipped = -torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    loss = torch.maximum(unclipped, clipped)  # (B, T) = -min(rho A, clip(rho) A)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        loss = torch.where(advantages < 0, torch.minimum(loss, -dual_clip * advantages), loss)
+    return masked_mean(loss, mask)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -140,6 +140,8 @@ class Args:
     """drop a prompt group if any of its responses hit max_response_len (off in the paper run)"""
     clip_eps: float = 0.2
     """PPO clip range (Eq. 6)"""
+    dual_clip: float = 0.0
+    """dual-clip PPO's c > 1 for negative advantages (veRL: 3); 0 = off, as PRIME-RL and the paper"""
     gamma: float = 1.0
     """discount of the process return (paper: 1.0)"""
     # --- optimisation
@@ -263,6 +265,8 @@ def check_args(args: Args) -> None:
         raise SystemExit(f"--filter-low {args.filter_low} / --filter-high {args.filter_high}: need 0 <= low <= high <= 1")
     if args.mini_batches < 1 or args.micro_batch_size < 1:
         raise SystemExit("--mini-batches and --micro-batch-size must be >= 1")
+    if args.dual_clip and args.dual_clip <= 1.0:
+        raise SystemExit(f"--dual-clip {args.dual_clip}: must be > 1 (veRL uses 3), or 0 for off")
     if args.resume and not args.run_name:
         raise SystemExit("--resume needs --run-name of the run to continue")
 
@@ -1023,7 +1027,7 @@ def main(argv=None):
 
         def policy_loss_fn(s, weight):
             logp = response_logprobs(policy, batch.select(s), args.temperature)
-            return prime.ppo_clip_loss(logp, logp_old[s], adv[s], mask[s], args.clip_eps)
+            return prime.ppo_clip_loss(logp, logp_old[s], adv[s], mask[s], args.clip_eps, args.dual_clip or None)
 
         policy_losses = run_update(policy, policy_opt, policy_loss_fn, n_train, args, d, args.policy_grad_clip)
         sampler.push_weights(unwrap(policy))

@@ -15,6 +15,7 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,6 +106,25 @@ def test_bootstrap_interval():
     low, high = eval.bootstrap_interval([0.0, 1.0] * 50)
     assert low == pytest.approx(0.402, abs=0.02) and high == pytest.approx(0.598, abs=0.02)
     assert eval.bootstrap_interval([0.0, 1.0] * 50) == (low, high)  # fixed seed: reproducible
+
+
+def test_bootstrap_interval_equals_a_plain_numpy_loop():
+    # the same generator, one resample at a time, and percentiles by linear interpolation by hand
+    values = [0.0, 0.25, 1.0, 0.5, 0.75, 1.0, 0.0]
+    for resamples, seed in ((200, 0), (2000, 3)):
+        rng = np.random.default_rng(seed)
+        means = sorted(sum(values[j] for j in rng.integers(0, len(values), size=len(values))) / len(values)
+                       for _ in range(resamples))
+
+        def percentile(p):
+            pos = p / 100 * (resamples - 1)
+            lo = int(pos)
+            return means[lo] + (means[min(lo + 1, resamples - 1)] - means[lo]) * (pos - lo)
+
+        low, high = eval.bootstrap_interval(values, resamples=resamples, seed=seed)
+        assert low == pytest.approx(percentile(2.5), abs=1e-12)
+        assert high == pytest.approx(percentile(97.5), abs=1e-12)
+    assert eval.bootstrap_interval(values) == eval.bootstrap_interval(values, eval.BOOTSTRAP_RESAMPLES, eval.BOOTSTRAP_SEED)
 
 
 def test_moving_average():

@@ -274,7 +274,7 @@ def reference_pass(s, mask, outcome, fmt, gids, *, weights=(1.0, 1.0, 1.0), W=No
     def zscore(xs):
         n = len(xs)
         mean = sum(xs) / n if n else 0.0
-        std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
+        std = (sum((x - mean) ** 2 for x in xs) / (n - 1)) ** 0.5 if n > 1 else 0.0  # ** 0.5: autograd follows it
         return [(x - mean) / (std + eps) for x in xs]
 
     # 1. AF: process channel over its scope, outcome and format within each group
@@ -509,3 +509,14 @@ def test_benchmark_script_runs_on_a_tiny_batch(capsys):
     bench.main(["--rows", "32", "--length", "64", "--group", "8", "--repeats", "1"])
     printed = capsys.readouterr().out
     assert "v1 preset, step chunks" in printed and " ms" in printed
+
+
+def test_outcome_only_keeps_the_users_outcome_and_format_weights():
+    # outcome_only sets w_p = 0 and keeps w_o, w_f; W defaults to w_o + w_f (here 2.5 + 0.5 = 3)
+    s, mask, outcome, fmt, gids, step_ids = random_batch(seed=5)
+    for weights, W in (((0.7, 2.5, 0.5), None), ((1.0, 0.3, 2.0), 4.0)):
+        got = vectorised(s, mask, outcome, fmt, gids, step_ids, recipe="outcome_only", weights=weights, W=W)
+        want = reference_pass(s, mask, outcome, fmt, gids, recipe="outcome_only", weights=weights, W=W)
+        assert_close(got, want, atol=1e-9)
+    unit = vectorised(s, mask, outcome, fmt, gids, step_ids, recipe="outcome_only")
+    assert (got - unit).abs().max() > 0.1  # the weights change the result

@@ -369,3 +369,15 @@ def test_prm_pairwise_accuracy_matches_loop_on_random_groups():
         per_group.append(num / den if den > 0 else 0.5)
     got = prime.prm_pairwise_accuracy(score, acc, K).item()
     assert got == pytest.approx(sum(per_group) / len(per_group), abs=1e-6)
+
+
+def test_keep_groups_upper_bound_slack_with_soft_outcomes():
+    # [0.6, 0.8, 0.9, 0.9] has mean 0.8, but float32 rounds it to 0.80000007 > float32(0.8) = 0.80000001:
+    # the inclusive upper bound needs the same 1e-6 slack as the lower one, or this group is dropped
+    outcome = torch.tensor([0.6, 0.8, 0.9, 0.9, 0.7, 0.7, 0.9, 0.9, 0.9, 0.9, 0.9, 0.85])
+    assert outcome[:4].mean().item() > torch.tensor(0.8).item()
+    assert prime.keep_groups(outcome, 4).tolist() == [True, True, False]  # means 0.8, 0.8, 0.8875
+    # the lower bound the same way: [0.1, 0.1, 0.3, 0.3] has mean 0.2 (float32 0.19999999)
+    assert prime.keep_groups(torch.tensor([0.1, 0.1, 0.3, 0.3]), 4).tolist() == [True]
+    # a bound just outside by more than the slack is not kept
+    assert prime.keep_groups(torch.tensor([0.8, 0.8, 0.8, 0.8]), 4, high=0.79).tolist() == [False]

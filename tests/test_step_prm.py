@@ -56,6 +56,45 @@ def test_step_spans_cover_the_text_and_never_leave_an_empty_step():
     assert step_prm.step_texts("a\n\n b \n\nc", "\n\n") == ["a", "b", "c"]
 
 
+def test_step_spans_blank_and_whitespace_only_steps_and_trailing_whitespace():
+    # a whitespace-only line is no step of its own: it joins the step after it
+    assert step_prm.step_spans("a\n \nb", "\n") == [(0, 2), (2, 5)]
+    assert step_prm.step_texts("a\n \nb", "\n") == ["a", "b"]
+    # trailing whitespace after the last separator belongs to the last step
+    assert step_prm.step_spans("a\nb\n  ", "\n") == [(0, 2), (2, 6)]
+    assert step_prm.step_spans("a\nb  ", "\n") == [(0, 2), (2, 5)]
+    # a text of only blanks and separators is one step
+    assert step_prm.step_spans(" \n\t\n", "\n") == [(0, 4)]
+    assert step_prm.step_texts("a\n \nb\n  ", "\n") == ["a", "b"]
+
+
+class FirstStepsOnly(step_prm.ToyStepChecker):
+    """The toy checker, keeping only the first `n` scores of each response: what a step PRM that
+    found fewer step markers than the response has steps returns."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def score(self, questions, responses):
+        return [s[:self.n] for s in super().score(questions, responses)]
+
+
+def test_step_scores_and_ids_when_the_scorer_returns_fewer_scores_than_steps():
+    tok = toy_task.build_tokenizer()
+    response = "7+5=12\n12*3=35\n\\boxed{35}"  # 3 steps; the scorer returns 2 scores, then 0
+    ids = tok(response)["input_ids"] + [tok.eos_token_id]
+    T = len(ids)
+    mask = torch.ones(1, T, dtype=torch.long)
+    scores, step_ids = step_prm.step_scores_and_ids(FirstStepsOnly(2), tok, ["(7+5)*3\n"], [response],
+                                                    torch.tensor([ids]), mask)
+    assert scores.tolist() == [[1.0, 0.0]]
+    # tokens of step 3 (the box and EOS) fall into the last scored step, 1
+    assert step_ids[0].tolist() == [0] * 7 + [1] * (T - 7)
+    scores, step_ids = step_prm.step_scores_and_ids(FirstStepsOnly(0), tok, ["(7+5)*3\n"], [response],
+                                                    torch.tensor([ids]), mask)
+    assert scores.tolist() == [[0.0]] and step_ids[0].tolist() == [0] * T  # no score: one zero step
+
+
 def test_token_step_ids_with_steps_that_split_mid_token():
     # BPE pieces: "2\n1" straddles the boundary between step 0 and step 1; "" is an EOS
     pieces = ["7+5=1", "2\n1", "2*3=36", "\n\\", "boxed{36}", ""]

@@ -224,6 +224,7 @@ TEACHER = ["--teacher-sft-steps", str(SFT_STEPS)]  # the cached SFT model: the t
     ["--process", "opd", *TEACHER], ["--process", "gopd", "--estimator", "pass", *TEACHER],
     ["--process", "step"], ["--process", "step", "--process-norm", "beta", "--estimator", "grpo"],
     ["--process", "step", "--estimator", "pass", "--pass-preset", "v1"],
+    ["--dual-clip", "3", "--temperature", "0.7"],
 ], ids=lambda f: " ".join(f))
 def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
     """Each option the paper studies, one real step in-process (the verifier pool is shared)."""
