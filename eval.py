@@ -434,6 +434,91 @@ def _series(metrics: list[dict], key: str) -> list[float]:
     return [math.nan if m.get(key) is None else float(m[key]) for m in metrics]
 
 
+def pick_episodes(episodes: list[dict], per_phase: tuple[int, int] = (2, 1)) -> list[dict]:
+    """Episodes for the picture: from the first and the last 15% of the run's steps, up to
+    `per_phase` = (wrong ones that have a first wrong step, right ones), earliest first."""
+    if not episodes:
+        return []
+    last = max(e["step"] for e in episodes)
+    cut = max(1, round(0.15 * last))
+    chosen = []
+    for phase in ([e for e in episodes if e["step"] <= cut], [e for e in episodes if e["step"] > last - cut]):
+        wrong = [e for e in phase if e["outcome"] < 1 and e.get("first_wrong_step", -1) >= 0][:per_phase[0]]
+        right = [e for e in phase if e["outcome"] >= 1][:per_phase[1]]
+        chosen += sorted(wrong + right, key=lambda e: e["step"])
+    return chosen
+
+
+def plot_episodes(run_dir: str | Path, out: str | Path | None = None) -> Path | None:
+    """runs/<name>/episodes.png: a few responses, early and late in the run, each token's background
+    coloured by its process reward (Eq. 3's r_phi for PRIME: blue credited, red blamed, the scale
+    symmetric around 0 and set by the largest |r| shown), the steps' sums at the right, and the first
+    step the exact checker marks wrong boxed. Read from episodes.jsonl; None if it has no episode."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    run_dir = Path(run_dir)
+    path = run_dir / "episodes.jsonl"
+    if not path.exists():
+        raise SystemExit(f"--episodes {run_dir}: no episodes.jsonl (is it a train.py run folder?)")
+    episodes = pick_episodes([json.loads(l) for l in path.read_text().splitlines() if l.strip()])
+    if not episodes:
+        return None
+    vmax = max(max((abs(r) for r in e["reward"]), default=0.0) for e in episodes) or 1.0
+    cmap = plt.get_cmap("coolwarm_r")  # negative (blamed) red, positive (credited) blue
+    layout = []  # per episode: its lines, each a list of (char, reward, step)
+    for e in episodes:
+        lines, line = [], []
+        steps = e.get("step_ids") or [0] * len(e["tokens"])
+        for token, r, k in zip(e["tokens"], e["reward"], steps):
+            text = {"Ċ": "\n", "<eos>": "⏎", None: "·"}.get(token, token)  # None: an id past the vocabulary
+            if text == "\n":
+                line.append(("↵", r, k))
+                lines.append(line)
+                line = []
+            else:
+                line.append((text, r, k))
+        lines.append(line)
+        layout.append([l for l in lines if l])
+    n_rows = sum(len(l) + 1.6 for l in layout)
+    width = max(len(l) for lines in layout for l in lines) + 16
+    fig, ax = plt.subplots(figsize=(0.16 * width + 2, 0.27 * n_rows + 1.0))
+    y = 0.0
+    for e, lines in zip(episodes, layout):
+        verdict = "right" if e["outcome"] >= 1 else "wrong"
+        extra = f", first wrong step: line {e['first_wrong_step'] + 1}" if e.get("first_wrong_step", -1) >= 0 else ""
+        ax.text(0, y, f"step {e['step']}: {verdict} (outcome {e['outcome']:g}{extra})", fontsize=9,
+                fontweight="bold", va="center")
+        y += 1.1
+        for line in lines:
+            for x, (ch, r, _) in enumerate(line):
+                ax.add_patch(Rectangle((x, y - 0.45), 1, 0.9, color=cmap(0.5 + 0.5 * max(-1, min(1, r / vmax)))))
+                ax.text(x + 0.5, y, ch, fontsize=9, family="monospace", ha="center", va="center")
+            step = line[0][2]
+            total = sum(r for _, r, _ in line)
+            wrong_line = e.get("first_wrong_step", -1) == step and e["outcome"] < 1
+            if wrong_line:
+                ax.add_patch(Rectangle((-0.1, y - 0.5), len(line) + 0.2, 1.0, fill=False, lw=1.6, ec="black"))
+            ax.text(len(line) + 1, y, f"Σ {total:+.2f}" + ("  ← first wrong step" if wrong_line else ""),
+                    fontsize=8, va="center", family="monospace")
+            y += 1
+        y += 0.5
+    ax.set_xlim(-0.5, width)
+    ax.set_ylim(y, -1)
+    ax.axis("off")
+    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(-vmax, vmax))
+    fig.colorbar(sm, ax=ax, fraction=0.02, pad=0.01, label="process reward per token")
+    ax.set_title(f"{run_dir.name}: per-token process rewards, early and late episodes", fontsize=10)
+    out = Path(out) if out else run_dir / "episodes.png"
+    tmp = out.with_name(out.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out
+
+
 def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
     """One PNG, six panels, one colour per run:
       outcome training reward, raw and 10-step moving average  (PRIME Fig. 3a, 4a)
@@ -534,8 +619,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot", nargs="+", default=None, metavar="RUN_DIR",
                    help="instead of evaluating: plot these train.py run folders side by side")
     p.add_argument("--plot-out", default="compare.png", help="where --plot writes its figure")
+    p.add_argument("--episodes", default="", metavar="RUN_DIR",
+                   help="instead of evaluating: draw RUN_DIR/episodes.png (tokens coloured by their process reward)")
     args = p.parse_args(argv)
-    if args.plot is None and not args.model:
+    if args.plot is None and not args.model and not args.episodes:
         p.error("--model is required (or --plot RUN_DIR ... to plot runs)")
     if args.greedy and args.n not in (None, 1):
         raise SystemExit(f"--greedy decodes one response per problem: drop --n {args.n}")
@@ -553,6 +640,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict | Path:
     args = parse_args(argv)
+    if args.episodes:
+        out = plot_episodes(args.episodes)
+        print(f"wrote {out}" if out else f"{args.episodes}: no episodes to draw")
+        return out
     if args.plot is not None:
         out = plot_runs(args.plot, args.plot_out)
         print(f"wrote {out}")

@@ -210,9 +210,11 @@ def main(argv=None):
     arms = list(dict.fromkeys(a for n in names for a in COMPARISONS[n]))
     if not args.report_only:
         # The SFT checkpoint first, once (every run would otherwise race to build it).
+        task = train_config(args.train_args)
         subprocess.run([sys.executable, "-c", "import sys, toy_task; from pathlib import Path; "
-                        f"toy_task.sft_checkpoint(Path({args.cache_dir!r}), int(sys.argv[1]))",
-                        str(sft_steps(args.train_args))], check=True, cwd=REPO)
+                        f"toy_task.sft_checkpoint(Path({args.cache_dir!r}), int(sys.argv[1]), "
+                        "ops=toy_task.parse_ops(sys.argv[2]), slip=float(sys.argv[3]))",
+                        str(task.sft_steps), task.toy_ops, str(task.toy_slip)], check=True, cwd=REPO)
         jobs = [(arm, seed) for seed in args.seeds for arm in arms]
         threads = max(1, (os.cpu_count() or 1) // args.jobs)
         t = time.time()
@@ -250,9 +252,10 @@ def main(argv=None):
     os.replace(tmp, figures / "results.json")
 
 
-def sft_steps(train_args: list[str]) -> int:
+def train_config(train_args: list[str]):
+    """The train.py configuration every run of the comparison shares (for the SFT it needs)."""
     import train
-    return train.parse_args(train_args).sft_steps
+    return train.parse_args(train_args)
 
 
 def sample_efficiency(rloo: list[dict], prime_runs: list[dict], window: int) -> str:

@@ -205,3 +205,43 @@ def step_end_rewards(token_signal: torch.Tensor, step_ids: torch.Tensor, mask: t
     nxt_valid = torch.cat([valid[:, 1:], torch.zeros_like(valid[:, :1])], 1)
     last = valid & (~nxt_valid | (nxt != step_ids))
     return torch.where(last, token_signal, torch.zeros_like(token_signal))
+
+
+def first_wrong_steps(step_scores: torch.Tensor, step_ids: torch.Tensor) -> torch.Tensor:
+    """The first step a step checker marks wrong (score < 1), per response; -1 when every step is right.
+
+    step_scores (B, S) padded with 0 past each response's own steps, step_ids (B, T) (-1 on padding)
+    as `step_scores_and_ids` returns them -> (B,) long. Padded step columns never count.
+    Example: scores [[1, 0, 1], [1, 1, 0]] with 3 and 2 steps -> [1, -1].
+    """
+    n_steps = step_ids.max(-1).values + 1  # (B,) steps of each response
+    column = torch.arange(step_scores.shape[1], device=step_scores.device)
+    wrong = (step_scores < 1) & (column[None, :] < n_steps[:, None])  # (B, S)
+    first = torch.where(wrong, column[None, :], step_scores.shape[1]).min(-1).values
+    return torch.where(first < step_scores.shape[1], first, torch.full_like(first, -1))
+
+
+def step_localization(token_reward: torch.Tensor, step_ids: torch.Tensor, first_wrong: torch.Tensor):
+    """Does the process reward blame the right step? (hits, count) over the responses that have a
+    first wrong step (first_wrong >= 0).
+
+    A hit: the step with the most negative summed reward, sum_{t in step k} r_t, is the first wrong
+    step. Steps that hold no token never win; ties go to the earlier step. Neither paper has this
+    diagnostic: the pairwise accuracy (Fig. 5) asks whether the PRM ranks whole responses right,
+    this asks whether it finds where a wrong one went wrong.
+    Shapes: token_reward (B, T), step_ids (B, T) int (-1 = no step), first_wrong (B,) -> two ints.
+    Example: rewards [[0, -.5, 0, .1]], steps [[0, 1, 1, 2]], first wrong 1 -> sums [0, -.5, .1] -> (1, 1).
+    """
+    B = token_reward.shape[0]
+    n_steps = int(step_ids.max()) + 1 if step_ids.numel() else 0
+    if n_steps <= 0 or B == 0:
+        return 0, 0
+    valid = step_ids >= 0
+    index = step_ids.clamp(min=0).long()
+    sums = torch.zeros(B, n_steps, dtype=torch.float64, device=token_reward.device)
+    sums.scatter_add_(1, index, torch.where(valid, token_reward.double(), torch.zeros_like(sums[:, :1])))
+    tokens = torch.zeros(B, n_steps, dtype=torch.long, device=token_reward.device)
+    has_token = tokens.scatter_add_(1, index, valid.long()) > 0  # (B, S)
+    blamed = torch.where(has_token, sums, torch.full_like(sums, float("inf"))).argmin(-1)  # (B,)
+    counted = first_wrong >= 0
+    return int(((blamed == first_wrong) & counted).sum()), int(counted.sum())

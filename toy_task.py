@@ -4,23 +4,32 @@ PRIME's pipeline is base model -> SFT warmup -> RL, with policy, PRM and referen
 the SFT checkpoint. This module reproduces the first two stages at laptop scale, with nothing to
 download, so that `python train.py` runs the whole algorithm on any CPU:
 
-- Task: a chain of 2-4 operations on small integers, written with explicit brackets, e.g.
-  `((7+5)*3)-4`. The answer is written as steps, one line per operation, then the boxed result:
+- Task: a chain of `ops` = 3-6 operations (`--toy-ops`) on small integers, written with explicit
+  brackets, e.g. `((7+5)*3)-4`. The answer is written as steps, one line per operation, then the
+  boxed result:
       7+5=12
       12*3=36
       36-4=32
       \\boxed{32}
-  Intermediate results stay in [0, 99] so that a character-level model can learn the arithmetic.
-  Graded by verify.py's math path, like any real benchmark.
+  The true intermediate results stay in [0, 99] so that a character-level model can learn the
+  arithmetic. Graded by verify.py's math path against the TRUE result, like any real benchmark.
+- A noisy demonstrator writes the SFT solutions (`--toy-slip`, 0.15): at each step, with
+  probability `slip`, it writes a wrong result (a different value within +-9 of the right one, kept
+  in [0, 99]) and carries on from its own wrong value, as a person who slips would; the box holds its
+  last written value. The SFT model learns the slips with the arithmetic: its greedy answer is
+  mostly right, its samples slip on some steps. That is what RL can fix, and what a process reward
+  can localise: `check_steps` marks exactly the slipped line.
 - Tokenizer: one token per character (`tokenizers` BPE with no merges) wrapped in a
   `PreTrainedTokenizerFast`, so every code path is the one used for real models.
 - Model: a ~0.8M-parameter Qwen2 (`Qwen2Config`, head_dim 64, which vLLM's CPU kernels accept).
-- SFT warmup: teacher-forced cross-entropy on generated solutions, stopped early (a few minutes on
-  2 cores) so the starting policy solves only part of the held-out problems and RL has room to
-  improve. The result is cached on disk and reused.
+- SFT warmup: teacher-forced cross-entropy on the demonstrator's solutions, trained to convergence
+  (until a fixed held-out set's loss stops improving, then a short cool-down), so the starting
+  point follows from the task's parameters and not from a lucky step count. Cached on disk per
+  configuration and reused.
 """
 
 import json
+import math
 import os
 import random
 import re
@@ -36,33 +45,76 @@ CHARS = "0123456789+-*()=\n\\{}boxed"
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 
 
+DEFAULT_OPS = (3, 6)   # operations per chain, inclusive (--toy-ops 3-6)
+DEFAULT_SLIP = 0.15    # the demonstrator's chance of a wrong result at each step (--toy-slip)
+
+
 @dataclass
 class Problem:
     prompt: str   # the question text, e.g. "((7+5)*3)-4\n"
-    answer: str   # the gold final answer, e.g. "32"
-    solution: str  # the worked steps ending in \boxed{answer}, used only by SFT
+    answer: str   # the gold final answer (the TRUE result), e.g. "32"
+    solution: str  # the correct worked steps ending in \boxed{answer}
+    first: int = 0  # the chain's first number, e.g. 7
+    ops: tuple = ()  # the chain's operations, e.g. (("+", 5), ("*", 3), ("-", 4))
 
 
-def make_problem(rng: random.Random, min_ops: int = 2, max_ops: int = 4) -> Problem:
-    """One random problem; all intermediate values stay in [0, 99]."""
+def apply(op: str, a: int, b: int) -> int:
+    return {"+": a + b, "-": a - b, "*": a * b}[op]
+
+
+def make_problem(rng: random.Random, min_ops: int = DEFAULT_OPS[0], max_ops: int = DEFAULT_OPS[1]) -> Problem:
+    """One random problem; all true intermediate values stay in [0, 99]."""
     value = rng.randint(1, 9)
-    expr, steps = str(value), []
+    first, expr, steps, ops = value, str(value), [], []
     for _ in range(rng.randint(min_ops, max_ops)):
         while True:
             op, operand = rng.choice(OPS), rng.randint(1, 9)
-            result = {"+": value + operand, "-": value - operand, "*": value * operand}[op]
+            result = apply(op, value, operand)
             if 0 <= result <= 99:
                 break
         steps.append(f"{value}{op}{operand}={result}")
         expr = f"({expr}){op}{operand}" if steps[1:] else f"{expr}{op}{operand}"
+        ops.append((op, operand))
         value = result
     solution = "\n".join(steps) + f"\n\\boxed{{{value}}}"
-    return Problem(prompt=expr + "\n", answer=str(value), solution=solution)
+    return Problem(prompt=expr + "\n", answer=str(value), solution=solution, first=first, ops=tuple(ops))
 
 
-def make_problems(n: int, seed: int) -> list[Problem]:
+def demonstrate(problem: Problem, rng: random.Random, slip: float) -> str:
+    """The noisy demonstrator's solution: each step slips with probability `slip`.
+
+    A slip writes a different value within +-9 of the step's right result (given the line before),
+    kept in [0, 99] (unless an earlier slip carried the chain out of that range); the next step starts from the written value, and the box holds the last one.
+    demonstrate(problem of "(7+5)*3", rng, 0.0) -> "7+5=12\n12*3=36\n\\boxed{36}"; a slip on step 1
+    might give "7+5=13\n13*3=39\n\\boxed{39}" (graded wrong: the gold answer is 36).
+    """
+    value, lines = problem.first, []
+    for op, b in problem.ops:
+        result = apply(op, value, b)
+        if rng.random() < slip:
+            near = [v for v in range(result - 9, result + 10) if v != result]
+            # kept in [0, 99]; a chain already carried out of range by an earlier slip slips anywhere near
+            result = rng.choice([v for v in near if 0 <= v <= 99] or near)
+        lines.append(f"{value}{op}{b}={result}")
+        value = result
+    return "\n".join(lines) + f"\n\\boxed{{{value}}}"
+
+
+def make_problems(n: int, seed: int, min_ops: int = DEFAULT_OPS[0], max_ops: int = DEFAULT_OPS[1]) -> list[Problem]:
     rng = random.Random(seed)
-    return [make_problem(rng) for _ in range(n)]
+    return [make_problem(rng, min_ops, max_ops) for _ in range(n)]
+
+
+def parse_ops(text: str) -> tuple[int, int]:
+    """--toy-ops "3-6" -> (3, 6); "4" -> (4, 4). Raises ValueError with what is allowed."""
+    parts = text.split("-")
+    try:
+        low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
+    except ValueError:
+        low, high = 0, -1
+    if not 1 <= low <= high <= 12:
+        raise ValueError(f"{text!r}: expected MIN-MAX with 1 <= MIN <= MAX <= 12, e.g. 3-6")
+    return low, high
 
 
 STEP = re.compile(r"(\d+)([+*-])(\d+)=(-?\d+)")
@@ -116,8 +168,8 @@ def gold_values(first: int, ops: list[tuple[str, str]]) -> list[int]:
 HELDOUT_SEED = 10_000_019
 
 
-def heldout_problems(n: int = 200) -> list[Problem]:
-    return make_problems(n, HELDOUT_SEED)
+def heldout_problems(n: int = 200, ops: tuple[int, int] = DEFAULT_OPS) -> list[Problem]:
+    return make_problems(n, HELDOUT_SEED, *ops)
 
 
 def build_tokenizer():
@@ -152,12 +204,13 @@ def build_model(tokenizer, seed: int = 0):
     return Qwen2ForCausalLM(config)
 
 
-def sft_batch(tokenizer, problems: list[Problem]):
-    """Teacher-forcing batch: prompt + solution + EOS, loss only on the solution and EOS."""
+def sft_batch(tokenizer, examples: list[tuple[str, str]]):
+    """Teacher-forcing batch of (prompt, solution): prompt + solution + EOS, loss only on the
+    solution and EOS."""
     rows, labels = [], []
-    for p in problems:
-        prompt_ids = tokenizer(p.prompt)["input_ids"]
-        answer_ids = tokenizer(p.solution)["input_ids"] + [tokenizer.eos_token_id]
+    for prompt, solution in examples:
+        prompt_ids = tokenizer(prompt)["input_ids"]
+        answer_ids = tokenizer(solution)["input_ids"] + [tokenizer.eos_token_id]
         rows.append(prompt_ids + answer_ids)
         labels.append([-100] * len(prompt_ids) + answer_ids)
     width = max(len(r) for r in rows)
@@ -171,30 +224,83 @@ def sft_batch(tokenizer, problems: list[Problem]):
     return input_ids, attention, label_ids
 
 
-def run_sft(out_dir: Path, steps: int, batch_size: int = 64, lr: float = 3e-3, seed: int = 0,
-            log=print):
-    """Train the tiny model on worked solutions and save it (model + tokenizer) to out_dir."""
+# SFT to convergence: the held-out loss is measured every CHECK_EVERY steps on a fixed set of the
+# demonstrator's solutions; training stops once it improved by less than PLATEAU (relative) over the
+# last PATIENCE checks, then cools down for COOLDOWN steps (lr linearly to 10%). The demonstrator's
+# slips put a floor under the loss (their entropy), so "converged" is reached, not approached forever.
+CHECK_EVERY, PATIENCE, PLATEAU, COOLDOWN, MAX_SFT_STEPS = 100, 2, 0.01, 100, 4000
+
+
+def cpu_has_bf16() -> bool:
+    """True where the CPU multiplies bf16 natively (AMX or AVX512-BF16; Linux's /proc/cpuinfo)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def run_sft(out_dir: Path, steps: int = 0, batch_size: int = 64, lr: float = 3e-3, seed: int = 0,
+            ops: tuple[int, int] = DEFAULT_OPS, slip: float = DEFAULT_SLIP, log=print):
+    """Train the tiny model on the demonstrator's solutions and save it (model + tokenizer).
+
+    steps > 0: exactly that many steps, warmup then cosine to 10% (the old fixed-length warmup, used
+    by tests that need a quick, partly trained model). steps = 0: to convergence (see CHECK_EVERY).
+    Returns (model, tokenizer, info) where info records the steps run and the held-out losses."""
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
-    start = time.time()
+    held_rng = random.Random(seed + 7919)
+    held = sft_batch(tokenizer, [(p.prompt, demonstrate(p, held_rng, slip))
+                                 for p in make_problems(512, seed + 104729, *ops)])
+
+    def held_loss() -> float:
+        model.eval()
+        with torch.no_grad():
+            loss = model(input_ids=held[0], attention_mask=held[1], labels=held[2]).loss.item()
+        model.train()
+        return loss
+
+    # bf16 matmuls (weights and optimiser stay fp32) where the CPU has them natively: ~1.5x faster here
+    fast_bf16 = cpu_has_bf16()
+    start, losses, stop_at, step = time.time(), [], steps or MAX_SFT_STEPS, 0
     model.train()
-    for step in range(steps):
-        for group in optimizer.param_groups:  # linear warmup then cosine decay to 10%
-            warm = min(1.0, (step + 1) / 50)
-            cosine = 0.55 + 0.45 * torch.cos(torch.tensor(step / max(steps, 1) * 3.14159)).item()
-            group["lr"] = lr * warm * cosine
-        input_ids, attention, labels = sft_batch(tokenizer, [make_problem(rng) for _ in range(batch_size)])
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+    while step < stop_at:
+        warm = min(1.0, (step + 1) / 50)
+        if steps:  # fixed length: cosine decay to 10%
+            scale = 0.55 + 0.45 * math.cos(step / steps * math.pi)
+        elif stop_at < MAX_SFT_STEPS:  # converged: cool down linearly to 10%
+            scale = 0.1 + 0.9 * (stop_at - step) / COOLDOWN
+        else:
+            scale = 1.0
+        for group in optimizer.param_groups:
+            group["lr"] = lr * warm * scale
+        problems = [make_problem(rng, *ops) for _ in range(batch_size)]
+        input_ids, attention, labels = sft_batch(tokenizer, [(p.prompt, demonstrate(p, rng, slip)) for p in problems])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast_bf16):
+            loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        if step % 200 == 0 or step == steps - 1:
+        step += 1
+        if not steps and step % CHECK_EVERY == 0 and stop_at == MAX_SFT_STEPS:
+            losses.append(held_loss())
+            log(f"sft step {step:5d} train loss {loss.item():.3f} held-out loss {losses[-1]:.4f} "
+                f"({time.time() - start:.0f}s)")
+            if len(losses) > PATIENCE and losses[-1] > (1 - PLATEAU) * losses[-1 - PATIENCE]:
+                stop_at = step + COOLDOWN
+                log(f"sft converged at step {step} (held-out loss {losses[-1 - PATIENCE]:.4f} -> "
+                    f"{losses[-1]:.4f} over {PATIENCE * CHECK_EVERY} steps); cooling down {COOLDOWN} steps")
+        elif steps and (step % 200 == 0 or step == steps):
             log(f"sft step {step:5d}/{steps} loss {loss.item():.3f} ({time.time() - start:.0f}s)")
-    save_pretrained_atomic(model, tokenizer, out_dir)
-    return model, tokenizer
+    info = {"steps": step, "ops": list(ops), "slip": slip, "seed": seed, "held_out_loss": held_loss(),
+            "bf16_autocast": fast_bf16,
+            "seconds": round(time.time() - start, 1)}
+    log(f"sft done: {step} steps, held-out loss {info['held_out_loss']:.4f}, {info['seconds']:.0f}s")
+    save_pretrained_atomic(model, tokenizer, out_dir, extra={"sft": info})
+    return model, tokenizer, info
 
 
 def save_pretrained_atomic(model, tokenizer, out_dir: Path, extra: dict | None = None) -> None:
@@ -214,10 +320,14 @@ def save_pretrained_atomic(model, tokenizer, out_dir: Path, extra: dict | None =
     shutil.rmtree(old, ignore_errors=True)
 
 
-def sft_checkpoint(cache_dir: Path, steps: int, seed: int = 0, log=print) -> Path:
-    """The cached SFT checkpoint for (steps, seed), trained on first use."""
-    path = Path(cache_dir) / f"toy-sft-v2-steps{steps}-seed{seed}"
+def sft_checkpoint(cache_dir: Path, steps: int = 0, seed: int = 0, log=print, ops: tuple[int, int] = DEFAULT_OPS,
+                   slip: float = DEFAULT_SLIP) -> Path:
+    """The cached SFT checkpoint for (task, steps, seed), trained on first use; steps = 0 means
+    trained to convergence."""
+    length = f"steps{steps}" if steps else "converged"
+    path = Path(cache_dir) / f"toy-sft-v3-ops{ops[0]}-{ops[1]}-slip{slip:g}-{length}-seed{seed}"
     if not (path / "config.json").exists():
-        log(f"no cached SFT checkpoint at {path}: running the SFT warmup ({steps} steps)")
-        run_sft(path, steps, seed=seed, log=log)
+        log(f"no cached SFT checkpoint at {path}: running the SFT warmup "
+            f"({steps or 'until converged, up to ' + str(MAX_SFT_STEPS)} steps)")
+        run_sft(path, steps, seed=seed, ops=ops, slip=slip, log=log)
     return path

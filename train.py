@@ -70,6 +70,10 @@ class Args:
     """policy/PRM/reference initialisation: a local path or hub name of a causal LM; empty = the embedded tiny model after its SFT warmup"""
     data: str = ""
     """training prompts: a .jsonl or .parquet file; empty = the embedded arithmetic task"""
+    toy_ops: str = "3-6"
+    """embedded task: operations per chain, MIN-MAX (longer chains: more steps to slip on, sparser outcomes)"""
+    toy_slip: float = 0.15
+    """embedded task: the SFT demonstrator's chance of a wrong result at each step (0 = a clean demonstrator)"""
     prompt_key: str = "problem"
     """field holding the question (ignored for veRL-schema files, whose `prompt` is chat messages)"""
     answer_key: str = "answer"
@@ -85,15 +89,15 @@ class Args:
     preset: str = ""
     """named hyper-parameter sets: 'paper' (the paper's 7B run) or '1.5b' (fits plain DDP on 80 GB GPUs)"""
     # --- the RL loop
-    steps: int = 100
+    steps: int = 80
     """RL iterations"""
-    prompts_per_step: int = 64
+    prompts_per_step: int = 32
     """prompts sampled per iteration, over all ranks (paper: 256)"""
     n_samples: int = 4
     """K, responses per prompt (paper: 4)"""
     max_prompt_len: int = 64
     """prompts longer than this are dropped from the data with a warning (paper: 1024)"""
-    max_response_len: int = 48
+    max_response_len: int = 96
     """max new tokens per response (paper: 3072)"""
     temperature: float = 1.0
     """rollout temperature (paper: 1.0)"""
@@ -181,9 +185,11 @@ class Args:
     eval_problems: int = 200
     """held-out problems for the start/end accuracy (embedded task) or rows held out of --data"""
     eval_every: int = 20
-    """held-out accuracy every N iterations (logged as heldout_accuracy); 0 = only at start and end"""
-    sft_steps: int = 350
-    """SFT warmup steps for the embedded model (cached in .cache/)"""
+    """held-out accuracy every N iterations (heldout_accuracy, heldout_sampled_accuracy); 0 = only at start and end"""
+    eval_samples: int = 4
+    """responses per held-out problem for the sampled accuracy (at --temperature)"""
+    sft_steps: int = 0
+    """SFT warmup steps for the embedded model; 0 = until its held-out loss stops improving (cached in .cache/)"""
     cache_dir: str = ".cache"
     """where the embedded SFT checkpoint is cached"""
     episodes_per_step: int = 2
@@ -267,6 +273,13 @@ def check_args(args: Args) -> None:
         raise SystemExit("--mini-batches and --micro-batch-size must be >= 1")
     if args.dual_clip and args.dual_clip <= 1.0:
         raise SystemExit(f"--dual-clip {args.dual_clip}: must be > 1 (veRL uses 3), or 0 for off")
+    if not args.data:
+        try:
+            toy_task.parse_ops(args.toy_ops)
+        except ValueError as e:
+            raise SystemExit(f"--toy-ops {e}")
+        if not 0.0 <= args.toy_slip < 1.0:
+            raise SystemExit(f"--toy-slip {args.toy_slip}: a probability in [0, 1)")
     if args.resume and not args.run_name:
         raise SystemExit("--resume needs --run-name of the run to continue")
 
@@ -420,7 +433,7 @@ def load_tasks(args: Args, tokenizer) -> tuple[list[Task], list[Task]]:
         def toy(p):
             return Task(tokenizer(p.prompt)["input_ids"], p.answer, "math", p.prompt)
         # Training prompts are drawn fresh each step (see toy_prompts); only held-out ones are listed.
-        return [], [toy(p) for p in toy_task.heldout_problems(args.eval_problems)]
+        return [], [toy(p) for p in toy_task.heldout_problems(args.eval_problems, toy_task.parse_ops(args.toy_ops))]
     rows = load_rows(args.data)
     tasks = [row_to_task(r, i, args, tokenizer) for i, r in enumerate(rows)]
     kept = [t for t in tasks if len(t.prompt_ids) <= args.max_prompt_len]
@@ -439,7 +452,8 @@ def step_prompts(args: Args, train_tasks: list[Task], tokenizer, step: int, d: D
         raise SystemExit(f"--prompts-per-step {args.prompts_per_step} is not divisible by the "
                          f"world size {d.world}")
     if not args.data:
-        problems = toy_task.make_problems(args.prompts_per_step, seed=args.seed * 1_000_003 + step)
+        problems = toy_task.make_problems(args.prompts_per_step, args.seed * 1_000_003 + step,
+                                          *toy_task.parse_ops(args.toy_ops))
         tasks = [Task(tokenizer(p.prompt)["input_ids"], p.answer, "math", p.prompt) for p in problems]
     else:
         epoch, offset = divmod(step * args.prompts_per_step, len(train_tasks))
@@ -455,11 +469,13 @@ def step_prompts(args: Args, train_tasks: list[Task], tokenizer, step: int, d: D
 # ---------------------------------------------------------------------------------------------------
 
 
-def embedded_checkpoint(args: Args, sft_steps: int, d: Dist, label: str = "") -> str:
-    """Path of the cached toy SFT checkpoint of `sft_steps` steps. Rank 0 trains it on first use;
-    the other ranks wait for it and get its path."""
-    path = str(toy_task.sft_checkpoint(Path(args.cache_dir), sft_steps, log=lambda m: print0(d, label + m))
-               ) if d.master else None
+def embedded_checkpoint(args: Args, sft_steps: int, d: Dist, label: str = "", slip: float | None = None) -> str:
+    """Path of the cached toy SFT checkpoint (of `sft_steps` steps, 0 = to convergence) for the
+    task's --toy-ops and --toy-slip (or `slip`). Rank 0 trains it on first use; the other ranks
+    wait for it and get its path."""
+    slip = args.toy_slip if slip is None else slip
+    path = str(toy_task.sft_checkpoint(Path(args.cache_dir), sft_steps, log=lambda m: print0(d, label + m),
+                                       ops=toy_task.parse_ops(args.toy_ops), slip=slip)) if d.master else None
     if d.world > 1:
         box = [path]
         dist.broadcast_object_list(box, src=0)
@@ -832,37 +848,64 @@ def write_atomic(path: Path, text: str) -> None:
 # ---------------------------------------------------------------------------------------------------
 
 
-def heldout_accuracy(model, tokenizer, tasks: list[Task], args: Args, d: Dist) -> float:
-    """Greedy accuracy on the held-out tasks, each rank scoring its share."""
+def heldout_accuracy(model, tokenizer, tasks: list[Task], args: Args, d: Dist, samples: int = 0) -> float:
+    """Held-out accuracy, each rank scoring its share: greedy (samples = 0), or the mean reward of
+    `samples` responses per problem at the training temperature and top-p.
+
+    Where the model's mode is right and its slips live in the sampling distribution (the embedded
+    noisy demonstrator: greedy ~0.9), the sampled accuracy is the one RL moves. Sampling draws from
+    a forked RNG with a fixed seed: evaluating never shifts the training's random stream, and every
+    evaluation of a run (and every run of a seed) uses the same random numbers."""
     mine = tasks[d.rank::d.world]
     correct = 0.0
     if mine:
-        sampler = HFRollout(unwrap(model), tokenizer, args.max_response_len)
-        ro = sampler.generate([t.prompt_ids for t in mine], n=1, greedy=True)
-        scores = verify.score_batch(sampler.decode(ro), [t.answer for t in mine], [t.kind for t in mine])
-        correct = sum(s.reward for s in scores)
+        with torch.random.fork_rng(devices=[d.device] if d.device.type == "cuda" else []):
+            torch.manual_seed(args.seed * 7919 + d.rank)
+            sampler = HFRollout(unwrap(model), tokenizer, args.max_response_len, args.temperature, args.top_p)
+            ro = sampler.generate([t.prompt_ids for t in mine], n=max(samples, 1), greedy=not samples)
+        scores = verify.score_batch(sampler.decode(ro), [t.answer for t in mine for _ in range(max(samples, 1))],
+                                    [t.kind for t in mine for _ in range(max(samples, 1))])
+        correct = sum(s.reward for s in scores) / max(samples, 1)
     total, count = all_reduce([correct, len(mine)], d)
     return total / max(count, 1)
 
 
-def plot_curves(run_dir: Path, metrics: list[dict]) -> None:
+def heldout_metrics(model, tokenizer, tasks: list[Task], args: Args, d: Dist) -> dict:
+    """{"greedy": accuracy, "sampled": mean accuracy of --eval-samples responses per problem}."""
+    return {"greedy": heldout_accuracy(model, tokenizer, tasks, args, d),
+            "sampled": heldout_accuracy(model, tokenizer, tasks, args, d, args.eval_samples)}
+
+
+def plot_curves(run_dir: Path, metrics: list[dict], summary: dict | None = None) -> None:
+    """curves.png: training reward (with held-out sampled accuracy where measured), the PRM's pairwise
+    accuracy, its localisation of the first wrong step, response length; per step and a 10-step mean."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     steps = [m["step"] for m in metrics]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    for ax, key, title in zip(axes, ("reward", "prm_accuracy", "response_length"),
-                              ("outcome training reward", "PRM pairwise accuracy (Fig. 5)", "response length")):
+    panels = (("reward", "outcome training reward"), ("prm_accuracy", "PRM pairwise accuracy (Fig. 5)"),
+              ("prm_localization", "first wrong step = most blamed step"), ("response_length", "response length"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(18, 3.8))
+    for ax, (key, title) in zip(axes, panels):
         values = [float("nan") if m.get(key) is None else m[key] for m in metrics]
         ax.plot(steps, values, alpha=0.35, label="per step")
         window = 10
         if len(values) >= window:
-            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+            smooth = [np.nanmean(values[i - window + 1:i + 1]) if not all(np.isnan(values[i - window + 1:i + 1]))
+                      else float("nan") for i in range(window - 1, len(values))]
             ax.plot(steps[window - 1:], smooth, label=f"{window}-step mean")
+        if key == "reward":  # the held-out sampled accuracy: start, every --eval-every, end
+            held = [(m["step"], m["heldout_sampled_accuracy"]) for m in metrics if "heldout_sampled_accuracy" in m]
+            if summary and "start_sampled_accuracy" in summary:
+                held = [(0, summary["start_sampled_accuracy"])] + held
+                if "end_sampled_accuracy" in summary:
+                    held.append((steps[-1], summary["end_sampled_accuracy"]))
+            if held:
+                ax.plot(*zip(*held), "o-", color="k", label="held-out sampled accuracy")
         ax.set_title(title)
         ax.set_xlabel("step")
-        ax.legend()
+        ax.legend(fontsize=8)
     fig.tight_layout()
     tmp = run_dir / "curves.tmp.png"
     fig.savefig(tmp, dpi=100)
@@ -909,7 +952,8 @@ def main(argv=None):
     if (args.process == "implicit" and args.reference == "sft") or args.process == "gopd":
         reference = load_frozen(model_path, d)
     if args.process in ("opd", "gopd"):
-        teacher_path = args.teacher or embedded_checkpoint(args, args.teacher_sft_steps, d, "teacher: ")
+        # the embedded teacher: a longer SFT on a clean demonstrator (it never slips)
+        teacher_path = args.teacher or embedded_checkpoint(args, args.teacher_sft_steps, d, "teacher: ", slip=0.0)
         teacher = load_teacher(teacher_path, tokenizer, d)
     if args.process == "step":
         step_scorer = step_prm.load_step_scorer(args.step_scorer, d.device, args.step_separator)
@@ -943,12 +987,15 @@ def main(argv=None):
                                                           "world_size": d.world}, indent=2))
     summary_path = run_dir / "summary.json"
     if args.resume and summary_path.exists():
-        start_accuracy = json.loads(summary_path.read_text())["start_accuracy"]
+        saved = json.loads(summary_path.read_text())
+        start = {"greedy": saved["start_accuracy"], "sampled": saved["start_sampled_accuracy"]}
     else:
-        start_accuracy = heldout_accuracy(policy, tokenizer, eval_tasks, args, d)
+        start = heldout_metrics(policy, tokenizer, eval_tasks, args, d)
         if d.master:
-            write_atomic(summary_path, json.dumps({"start_accuracy": start_accuracy}, indent=2))
-    print0(d, f"held-out accuracy of the starting checkpoint: {start_accuracy:.3f} ({len(eval_tasks)} problems)")
+            write_atomic(summary_path, json.dumps({"start_accuracy": start["greedy"],
+                                                   "start_sampled_accuracy": start["sampled"]}, indent=2))
+    print0(d, f"held-out accuracy of the starting checkpoint: greedy {start['greedy']:.3f}, sampled "
+              f"{start['sampled']:.3f} ({len(eval_tasks)} problems x {args.eval_samples} at T={args.temperature})")
     if args.prm_warmup_steps and not args.resume:  # an offline PRM: fit on the starting policy's rollouts
         warmup = warmup_prm(args, prm, prm_opt, sampler, reference if reference is not None else unwrap(policy),
                             tokenizer, train_tasks, d)
@@ -959,7 +1006,7 @@ def main(argv=None):
     wall_start = time.time()
     phase_totals = {"rollout": 0.0, "verify": 0.0, "prm": 0.0, "policy": 0.0, "other": 0.0}
     bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, disable=not d.master,
-               desc="PRIME", dynamic_ncols=True)
+               desc=run_label(args), dynamic_ncols=True)
     for step in bar:
         t_step = time.time()
         times = {}
@@ -998,6 +1045,13 @@ def main(argv=None):
         prm_accuracy = (prime.prm_pairwise_accuracy(sequence_score, batch_outcome, args.n_samples).item()
                         if args.process != "none" else 0.0)
         prm_accuracy_sum = prm_accuracy * n_kept_groups  # weighted by groups, so ranks average right
+        # Does the process signal blame the first wrong step? (embedded task: the exact checker knows it)
+        step_ids_toy, first_wrong = toy_steps(args, batch, [texts[i] for i in rows.tolist()], questions, tokenizer)
+        localization = (0, 0)
+        if first_wrong is not None and args.process != "none":
+            step_ids_toy, first_wrong = step_ids_toy.to(d.device), first_wrong.to(d.device)
+            wrong = (batch_outcome < 1) & (torch.arange(len(batch), device=d.device) < n_train)
+            localization = step_prm.step_localization(signal, step_ids_toy, torch.where(wrong, first_wrong, -1))
         times["prm"] = time.time() - t
 
         # 5. Advantages -------------------------------------------------------------------------
@@ -1037,7 +1091,7 @@ def main(argv=None):
         sums = all_reduce([outcome.sum().item(), len(outcome), n_kept_groups, len(tasks),
                            ro.response_mask.sum().item(), float(ro.truncated.sum()),
                            sum(s.format for s in scores), prm_accuracy_sum, sum(prm_losses), len(prm_losses),
-                           sum(policy_losses), len(policy_losses)], d)
+                           sum(policy_losses), len(policy_losses), *localization], d)
         kept_per_rank = all_reduce([n_kept_groups if r == d.rank else 0 for r in range(d.world)], d)
         metrics = {
             "step": step + 1,
@@ -1051,15 +1105,19 @@ def main(argv=None):
             "prm_loss": sums[8] / max(sums[9], 1),
             "policy_loss": sums[10] / max(sums[11], 1),
             "process_reward_abs_mean": prime.masked_mean(process.abs(), mask).item(),
+            "prm_localization": sums[12] / sums[13] if sums[13] else None,  # share of wrong responses
         }
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
-            metrics["heldout_accuracy"] = heldout_accuracy(policy, tokenizer, eval_tasks, args, d)
+            held = heldout_metrics(policy, tokenizer, eval_tasks, args, d)
+            metrics["heldout_accuracy"], metrics["heldout_sampled_accuracy"] = held["greedy"], held["sampled"]
         times["other"] = (time.time() - t_step) - sum(times.values())  # filter, advantages, metrics, eval
         if d.master:
             with open(run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({**metrics, "time": times}) + "\n")
                 f.flush()
-            write_episodes(run_dir, step + 1, batch, texts, rows, batch_outcome, process, tokenizer, args)
+            reward = args.beta * signal if args.process == "implicit" else signal  # Eq. 3's r_phi per token
+            write_episodes(run_dir, step + 1, batch, texts, rows, n_train, batch_outcome, process, reward,
+                           step_ids_toy, first_wrong, tokenizer, args)
             bar.set_postfix(reward=f"{metrics['reward']:.3f}", prm_acc=_fmt(metrics["prm_accuracy"]),
                             kept=f"{metrics['kept_groups']}/{metrics['prompts']}")
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
@@ -1069,23 +1127,31 @@ def main(argv=None):
         phase_totals["other"] += (time.time() - t_step) - sum(times.values())  # + writing, checkpoint
 
     # End: held-out accuracy of the final policy, curves, summary, final checkpoint -------------
-    end_accuracy = heldout_accuracy(policy, tokenizer, eval_tasks, args, d)
+    end = heldout_metrics(policy, tokenizer, eval_tasks, args, d)
     if d.master:
         metrics = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
-        plot_curves(run_dir, metrics)
         toy_task.save_pretrained_atomic(unwrap(policy), tokenizer, run_dir / "final")
         n_steps = max(args.steps - start_step, 1)
-        summary = {"start_accuracy": start_accuracy, "end_accuracy": end_accuracy, "steps": args.steps,
+        summary = {"start_accuracy": start["greedy"], "end_accuracy": end["greedy"],
+                   "start_sampled_accuracy": start["sampled"], "end_sampled_accuracy": end["sampled"],
+                   "steps": args.steps,
                    "eval_problems": len(eval_tasks), "wall_seconds": time.time() - wall_start,
                    "step_seconds": {k: v / n_steps for k, v in phase_totals.items()},
                    "final_reward_10": float(np.mean([m["reward"] for m in metrics[-10:]])),
-                   "final_prm_accuracy_10": _nanmean([m["prm_accuracy"] for m in metrics[-10:]])}
+                   "final_prm_accuracy_10": _nanmean([m["prm_accuracy"] for m in metrics[-10:]]),
+                   "final_prm_localization_10": _nanmean([m.get("prm_localization") for m in metrics[-10:]])}
         write_atomic(summary_path, json.dumps(summary, indent=2))
+        plot_curves(run_dir, metrics, summary)
+        if not args.data:  # the episode picture: which tokens the process signal blamed
+            import eval as evaluation
+            evaluation.plot_episodes(run_dir)
         split = ", ".join(f"{k} {v:.2f}s" for k, v in summary["step_seconds"].items())
-        print0(d, f"\nheld-out accuracy: start {start_accuracy:.3f} -> end {end_accuracy:.3f} "
-                  f"({len(eval_tasks)} problems, greedy)")
+        print0(d, f"\nheld-out accuracy ({len(eval_tasks)} problems): greedy {start['greedy']:.3f} -> "
+                  f"{end['greedy']:.3f}; sampled ({args.eval_samples} per problem) {start['sampled']:.3f} -> "
+                  f"{end['sampled']:.3f}")
         print0(d, f"training reward (last 10 steps): {summary['final_reward_10']:.3f}; "
-                  f"PRM pairwise accuracy (last 10): {_fmt(summary['final_prm_accuracy_10'])}")
+                  f"PRM pairwise accuracy (last 10): {_fmt(summary['final_prm_accuracy_10'])}; "
+                  f"localisation (last 10): {_fmt(summary['final_prm_localization_10'])}")
         print0(d, f"time per step: {split}; wall {summary['wall_seconds']:.0f}s")
         print0(d, f"run folder: {run_dir} (metrics.jsonl, episodes.jsonl, curves.png, final/, summary.json)")
     if args.rollout == "vllm":
@@ -1105,16 +1171,46 @@ def _nanmean(values) -> float | None:
 
 
 
-def write_episodes(run_dir, step, batch, texts, rows, outcome, process, tokenizer, args) -> None:
-    """A few responses per step with their per-token implicit rewards: the most instructive
-    artifact of a PRIME run (which tokens did the PRM credit or blame?)."""
+def run_label(args: Args) -> str:
+    """What runs, for the progress bar: 'PRIME' only for RLOO with the online implicit PRM."""
+    if args.estimator == "rloo" and args.process == "implicit" and args.prm_online:
+        return "PRIME"
+    source = {"implicit": "implicit PRM" + ("" if args.prm_online else " (offline)"), "none": "outcome only",
+              "opd": "OPD", "gopd": "G-OPD", "step": "step PRM"}[args.process]
+    return f"{args.estimator.upper() if args.estimator != 'prm-value' else 'PRM-value'} + {source}"
+
+
+def toy_steps(args: Args, batch: Rollout, responses: list[str], questions: list[str], tokenizer):
+    """Embedded task only: the step of each response token (B, R) and the first step the exact
+    checker marks wrong (B,), -1 if none; (None, None) for --data."""
+    if args.data:
+        return None, None
+    scores, step_ids = step_prm.step_scores_and_ids(step_prm.ToyStepChecker(), tokenizer, questions, responses,
+                                                    batch.response_ids, batch.response_mask)
+    return step_ids, step_prm.first_wrong_steps(scores, step_ids)
+
+
+def write_episodes(run_dir, step, batch, texts, rows, n_train, outcome, process, reward, step_ids, first_wrong,
+                   tokenizer, args) -> None:
+    """A few responses per step with their per-token rewards: the most instructive artifact of a
+    PRIME run (which tokens did the PRM credit or blame?). One wrong and one right response first,
+    when the step trained on both; `reward` is Eq. 3's r_phi (or the raw signal of --process),
+    `process_reward` what the estimator received (after --process-norm)."""
+    real = list(range(max(n_train, 0)))
+    wrong = [i for i in real if outcome[i] < 1][:1]
+    right = [i for i in real if outcome[i] >= 1][:1]
+    picks = (wrong + right + [i for i in real if i not in wrong + right])[:args.episodes_per_step]
     with open(run_dir / "episodes.jsonl", "a") as f:
-        for i in range(min(args.episodes_per_step, len(batch))):
+        for i in picks:
             n = int(batch.response_mask[i].sum())
             tokens = tokenizer.convert_ids_to_tokens(batch.response_ids[i, :n].tolist())
-            f.write(json.dumps({"step": step, "outcome": outcome[i].item(), "response": texts[int(rows[i])],
-                                "tokens": tokens,
-                                "process_reward": [round(x, 5) for x in process[i, :n].tolist()]}) + "\n")
+            episode = {"step": step, "outcome": outcome[i].item(), "response": texts[int(rows[i])],
+                       "tokens": tokens, "process_reward": [round(x, 5) for x in process[i, :n].tolist()],
+                       "reward": [round(x, 5) for x in reward[i, :n].tolist()]}
+            if step_ids is not None:
+                episode["step_ids"] = step_ids[i, :n].tolist()
+                episode["first_wrong_step"] = int(first_wrong[i])
+            f.write(json.dumps(episode) + "\n")
 
 
 if __name__ == "__main__":

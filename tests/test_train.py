@@ -40,16 +40,23 @@ def test_default_run_end_to_end(cache_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "smoke"
     summary = json.loads((run / "summary.json").read_text())
-    for key in ("start_accuracy", "end_accuracy", "steps", "wall_seconds", "step_seconds"):
+    for key in ("start_accuracy", "end_accuracy", "start_sampled_accuracy", "end_sampled_accuracy", "steps",
+                "wall_seconds", "step_seconds", "final_prm_localization_10"):
         assert key in summary
+    # sampled accuracy: 16 problems x 4 samples, so a multiple of 1/64
+    assert (summary["start_sampled_accuracy"] * 64) == pytest.approx(round(summary["start_sampled_accuracy"] * 64))
     assert set(summary["step_seconds"]) == {"rollout", "verify", "prm", "policy", "other"}
     metrics = metrics_of(run)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(0.0 <= m["reward"] <= 1.0 for m in metrics)
     assert (run / "curves.png").stat().st_size > 1000
+    assert (run / "episodes.png").stat().st_size > 1000  # the episode picture
     episode = json.loads((run / "episodes.jsonl").read_text().splitlines()[0])
-    assert len(episode["tokens"]) == len(episode["process_reward"])
-    assert "held-out accuracy: start" in proc.stdout
+    assert len(episode["tokens"]) == len(episode["process_reward"]) == len(episode["reward"]) == \
+        len(episode["step_ids"])
+    assert any(m["prm_localization"] is not None for m in metrics)
+    assert all(m["prm_localization"] is None or 0 <= m["prm_localization"] <= 1 for m in metrics)
+    assert "held-out accuracy (" in proc.stdout
     from transformers import AutoModelForCausalLM
     final = AutoModelForCausalLM.from_pretrained(run / "final")
     start = AutoModelForCausalLM.from_pretrained(json.loads((run / "config.json").read_text())["model_path"])
@@ -285,3 +292,30 @@ def test_qa_task_trains_a_few_steps(cache_dir, tmp_path):
     assert len(metrics) == 2 and all(m["kept_groups"] == 4 for m in metrics)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_problems"] == 1  # a tenth of the rows is held out
+
+
+def test_sampled_heldout_accuracy_near_zero_temperature_equals_greedy_and_keeps_the_rng(cache_dir):
+    """The sampled metric at T -> 0 is the greedy one, and evaluating never shifts the training RNG."""
+    from transformers import AutoModelForCausalLM
+    path = toy_task.sft_checkpoint(cache_dir, SFT_STEPS)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = toy_task.build_tokenizer()
+    args = train.Args(temperature=1e-4, eval_problems=24, max_response_len=96, rollout="hf")
+    _, tasks = train.load_tasks(args, tokenizer)
+    d = train.Dist()
+    state = torch.get_rng_state()
+    greedy = train.heldout_accuracy(model, tokenizer, tasks, args, d)
+    sampled = train.heldout_accuracy(model, tokenizer, tasks, args, d, samples=3)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert sampled == pytest.approx(greedy)
+    # at T = 1 the value is a mean over 3 samples of 24 problems, and the same each time
+    args = train.Args(temperature=1.0, eval_problems=24, max_response_len=96, rollout="hf")
+    first = train.heldout_accuracy(model, tokenizer, tasks, args, d, samples=3)
+    assert first * 72 == pytest.approx(round(first * 72))
+    assert train.heldout_accuracy(model, tokenizer, tasks, args, d, samples=3) == first
+
+
+def test_progress_bar_names_what_runs():
+    assert train.run_label(train.Args()) == "PRIME"
+    assert train.run_label(train.Args(process="none")) == "RLOO + outcome only"
+    assert train.run_label(train.Args(estimator="pass", process="step")) == "PASS + step PRM"
