@@ -381,3 +381,15 @@ def test_keep_groups_upper_bound_slack_with_soft_outcomes():
     assert prime.keep_groups(torch.tensor([0.1, 0.1, 0.3, 0.3]), 4).tolist() == [True]
     # a bound just outside by more than the slack is not kept
     assert prime.keep_groups(torch.tensor([0.8, 0.8, 0.8, 0.8]), 4, high=0.79).tolist() == [False]
+
+
+def test_prm_pairwise_accuracy_soft_labels_with_small_total_weight():
+    # one group, acc [0.5, 0.25] (code pass fractions): a = 0.25, the only weight; d = 1 - 2 < 0 while
+    # a > 0 -> wrong: 0 / 0.25 = 0. acc [0.25, 0.5], same scores: a = -0.25, d < 0 -> right: 0.25 / 0.25 = 1
+    score = torch.tensor([1.0, 2.0])
+    assert prime.prm_pairwise_accuracy(score, torch.tensor([0.5, 0.25]), 2).item() == 0.0
+    assert prime.prm_pairwise_accuracy(score, torch.tensor([0.25, 0.5]), 2).item() == 1.0
+    # three responses, weights 0.25 + 0.5 + 0.25 = 1.0 would hide a clamp; use [0.5, 0.4, 0.3]: weights
+    # .1 (0,1) .2 (0,2) .1 (1,2), total 0.4; scores [3, 1, 2]: (0,1) right, (0,2) right, (1,2) wrong
+    got = prime.prm_pairwise_accuracy(torch.tensor([3.0, 1.0, 2.0]), torch.tensor([0.5, 0.4, 0.3]), 3).item()
+    assert got == pytest.approx(0.3 / 0.4, abs=1e-6)
