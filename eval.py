@@ -622,20 +622,45 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--episodes", default="", metavar="RUN_DIR",
                    help="instead of evaluating: draw RUN_DIR/episodes.png (tokens coloured by their process reward)")
     args = p.parse_args(argv)
-    if args.plot is None and not args.model and not args.episodes:
-        p.error("--model is required (or --plot RUN_DIR ... to plot runs)")
+    try:
+        check_args(args)
+    except SystemExit as e:  # every bad value: "eval.py: error: ...", exit code 2, no traceback
+        p.exit(2, f"{p.prog}: error: {e}\n")
+    return args
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag's domain and every path, before any model or benchmark file is read."""
+    if args.episodes:
+        if not (Path(args.episodes) / "episodes.jsonl").exists():
+            raise SystemExit(f"--episodes {args.episodes}: no episodes.jsonl there (a train.py run folder?)")
+        return
+    if args.plot is not None:
+        for run in args.plot:
+            if not (Path(run) / "metrics.jsonl").exists():
+                raise SystemExit(f"--plot {run}: no metrics.jsonl there (a train.py run folder?)")
+        return
+    if not args.model:
+        raise SystemExit("--model is required (or --plot RUN_DIR ... to plot runs, --episodes RUN_DIR)")
     if args.greedy and args.n not in (None, 1):
         raise SystemExit(f"--greedy decodes one response per problem: drop --n {args.n}")
-    args.n = 1 if args.greedy else (args.n or 16)
+    args.n = 1 if args.greedy else (16 if args.n is None else args.n)
     for flag, value in (("--n", args.n), ("--batch-size", args.batch_size)):
         if value < 1:
             raise SystemExit(f"{flag} {value}: must be >= 1")
-    if args.limit < 0 or args.max_new_tokens < 0:
-        raise SystemExit("--limit and --max-new-tokens must be >= 0")
-    if not args.greedy and not (args.temperature > 0 and 0 < args.top_p <= 1):
-        raise SystemExit(f"--temperature {args.temperature} / --top-p {args.top_p}: need T > 0 and "
-                         "0 < top-p <= 1 (use --greedy for deterministic decoding)")
-    return args
+    for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
+        if value < 0:
+            raise SystemExit(f"{flag} {value}: must be >= 0")
+    if not args.greedy and not args.temperature > 0:
+        raise SystemExit(f"--temperature {args.temperature}: must be > 0 (use --greedy for deterministic decoding)")
+    if not args.greedy and not 0 < args.top_p <= 1:
+        raise SystemExit(f"--top-p {args.top_p}: must be in (0, 1]")
+    if args.benchmarks:
+        names = check_benchmark_names(args.benchmarks)
+        if any(name != "toy" for name in names) and not Path(args.data_dir).is_dir():
+            raise SystemExit(f"--data-dir {args.data_dir}: no such folder (it holds the benchmark files)")
+    if not Path(args.model).exists() and "/" not in args.model:
+        raise SystemExit(f"--model {args.model}: no such local path (and not a hub name like org/model)")
 
 
 def main(argv=None) -> dict | Path:

@@ -205,6 +205,13 @@ def main(argv=None):
     parser.add_argument("--window", type=int, default=20, help="steps averaged for 'first'/'last' and the curves")
     parser.add_argument("--report-only", action="store_true", help="only plots and tables from finished runs")
     args, args.train_args = parser.parse_known_args(argv)  # anything else goes to every train.py run
+    for flag, value in (("--steps", args.steps), ("--jobs", args.jobs), ("--window", args.window)):
+        if value < 1:
+            parser.error(f"{flag} {value}: must be >= 1")
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once")
+    if not args.report_only:
+        train_config(args.train_args + ["--steps", str(args.steps)])  # a bad train.py flag fails now (exit 2)
 
     names = list(COMPARISONS) if args.comparison == "all" else [args.comparison]
     arms = list(dict.fromkeys(a for n in names for a in COMPARISONS[n]))

@@ -241,47 +241,100 @@ def parse_args(argv=None) -> Args:
     values = dict(PRESETS.get(given.get("preset", ""), {}))
     values.update(given)  # explicit flags beat the preset
     args = Args(**values)
-    check_args(args)
+    try:
+        check_args(args)
+    except ConfigError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")  # like argparse: exit code 2, no traceback
     return args
 
 
+class ConfigError(Exception):
+    """A configuration that cannot work; `parse_args` reports it like argparse (exit code 2)."""
+
+
+# The domain of every numeric flag: (test, what is allowed). Checked right after parsing (and after a
+# preset is applied), before anything is loaded or written.
+POSITIVE, AT_LEAST_1, AT_LEAST_0 = (lambda v: v > 0, "> 0"), (lambda v: v >= 1, ">= 1"), (lambda v: v >= 0, ">= 0")
+UNIT = (lambda v: 0 <= v <= 1, "in [0, 1]")
+DOMAINS = dict(
+    steps=AT_LEAST_1, prompts_per_step=AT_LEAST_1, n_samples=AT_LEAST_1, max_prompt_len=AT_LEAST_1,
+    max_response_len=AT_LEAST_1, temperature=POSITIVE, top_p=(lambda v: 0 < v <= 1, "in (0, 1]"),
+    prm_warmup_steps=AT_LEAST_0, teacher_sft_steps=AT_LEAST_1, gopd_lambda=POSITIVE, beta=POSITIVE,
+    filter_low=UNIT, filter_high=UNIT, clip_eps=(lambda v: 0 < v < 1, "in (0, 1)"),
+    dual_clip=(lambda v: v == 0 or v > 1, "0 (off) or > 1 (veRL: 3)"), gamma=UNIT, policy_lr=POSITIVE,
+    prm_lr=POSITIVE, policy_weight_decay=AT_LEAST_0, policy_grad_clip=POSITIVE, prm_grad_clip=POSITIVE,
+    mini_batches=AT_LEAST_1, micro_batch_size=AT_LEAST_1,
+    vllm_gpu_memory_utilization=(lambda v: 0 < v <= 1, "in (0, 1]"), save_every=AT_LEAST_1,
+    eval_problems=AT_LEAST_1, eval_every=AT_LEAST_0, eval_samples=AT_LEAST_1, sft_steps=AT_LEAST_0,
+    episodes_per_step=AT_LEAST_0, max_memory_gb=AT_LEAST_0, toy_slip=(lambda v: 0 <= v < 1, "in [0, 1)"),
+)
+
+
 def check_args(args: Args) -> None:
-    """Bad combinations fail before anything is loaded, naming the flag."""
-    if args.n_samples < 2 and args.estimator in ("rloo", "grpo", "pass"):
-        raise SystemExit(f"--n-samples {args.n_samples}: --estimator {args.estimator} needs at least 2 "
-                         "responses per prompt for its group baseline")
-    if args.estimator == "prm-value" and args.process != "implicit":
-        raise SystemExit(f"--estimator prm-value uses the implicit PRM as its value model: needs --process implicit, "
-                         f"not {args.process}")
-    if (args.prm_warmup_steps or not args.prm_online) and args.process != "implicit":
-        raise SystemExit("--prm-warmup-steps / --no-prm-online are about the implicit PRM: they need --process implicit")
-    if not args.prm_online and not args.prm_warmup_steps:
-        print("warning: --no-prm-online without --prm-warmup-steps: the PRM stays equal to the reference and "
-              "every implicit reward is 0")
-    if args.teacher and args.process not in ("opd", "gopd"):
-        raise SystemExit(f"--teacher is used only by --process opd/gopd, not {args.process}")
-    if args.process in ("opd", "gopd") and not args.teacher and (args.model or args.data):
-        raise SystemExit(f"--process {args.process} with your own --model/--data needs --teacher PATH "
-                         "(the embedded teacher only knows the embedded task)")
-    if args.process == "step" and args.step_scorer == "toy" and args.data:
-        raise SystemExit("--step-scorer toy checks the embedded arithmetic task only: give the path of a step PRM")
-    if args.pass_preset == "v1" and args.estimator == "pass" and args.process != "step":
-        raise SystemExit("--pass-preset v1 chunks by the step PRM's steps: it needs --process step")
-    if not 0.0 <= args.filter_low <= args.filter_high <= 1.0:
-        raise SystemExit(f"--filter-low {args.filter_low} / --filter-high {args.filter_high}: need 0 <= low <= high <= 1")
-    if args.mini_batches < 1 or args.micro_batch_size < 1:
-        raise SystemExit("--mini-batches and --micro-batch-size must be >= 1")
-    if args.dual_clip and args.dual_clip <= 1.0:
-        raise SystemExit(f"--dual-clip {args.dual_clip}: must be > 1 (veRL uses 3), or 0 for off")
+    """Every bad value and every combination that cannot work fails here, naming the flag, the value
+    and what is allowed, before anything is loaded or written (raises ConfigError)."""
+    def bad(message):
+        raise ConfigError(message)
+
+    for name, (ok, allowed) in DOMAINS.items():
+        value = getattr(args, name)
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and ok(value)):
+            bad(f"--{name.replace('_', '-')} {value}: must be {allowed}")
+    # paths that must exist (a --model without a "/" is no hub name either)
+    if args.data and not Path(args.data).is_file():
+        bad(f"--data {args.data}: file not found")
+    if args.data and Path(args.data).suffix not in (".jsonl", ".parquet"):
+        bad(f"--data {args.data}: expected a .jsonl or .parquet file")
+    for flag, path in (("--model", args.model), ("--teacher", args.teacher)):
+        if path and not Path(path).exists() and "/" not in path:
+            bad(f"{flag} {path}: no such local path (and not a hub name like org/model)")
+    if args.process == "step" and args.step_scorer != "toy" and not Path(args.step_scorer).exists() \
+            and "/" not in args.step_scorer:
+        bad(f"--step-scorer {args.step_scorer}: 'toy' or the path of a step PRM")
     if not args.data:
         try:
             toy_task.parse_ops(args.toy_ops)
         except ValueError as e:
-            raise SystemExit(f"--toy-ops {e}")
-        if not 0.0 <= args.toy_slip < 1.0:
-            raise SystemExit(f"--toy-slip {args.toy_slip}: a probability in [0, 1)")
+            bad(f"--toy-ops {e}")
+    # combinations
+    if args.n_samples < 2 and args.estimator in ("rloo", "grpo", "pass"):
+        bad(f"--n-samples {args.n_samples}: --estimator {args.estimator} needs at least 2 responses per "
+            "prompt for its group baseline")
+    if args.filter_low > args.filter_high:
+        bad(f"--filter-low {args.filter_low} / --filter-high {args.filter_high}: need low <= high")
+    if args.estimator == "prm-value" and args.process != "implicit":
+        bad(f"--estimator prm-value uses the implicit PRM as its value model: needs --process implicit, "
+            f"not {args.process}")
+    if (args.prm_warmup_steps or not args.prm_online) and args.process != "implicit":
+        bad("--prm-warmup-steps / --no-prm-online are about the implicit PRM: they need --process implicit")
+    if args.prm_loss == "dpo" and args.micro_batch_size % args.n_samples:
+        bad(f"--prm-loss dpo compares responses within a group: --micro-batch-size {args.micro_batch_size} "
+            f"must be a multiple of --n-samples {args.n_samples}")
+    if args.teacher and args.process not in ("opd", "gopd"):
+        bad(f"--teacher is used only by --process opd/gopd, not {args.process}")
+    if args.process in ("opd", "gopd") and not args.teacher and (args.model or args.data):
+        bad(f"--process {args.process} with your own --model/--data needs --teacher PATH "
+            "(the embedded teacher only knows the embedded task)")
+    if args.teacher and args.model and Path(args.teacher).is_dir() and Path(args.model).is_dir():
+        from transformers import AutoTokenizer  # tokenizers only: cheap, and the run would fail later
+        if AutoTokenizer.from_pretrained(args.teacher).get_vocab() != AutoTokenizer.from_pretrained(args.model).get_vocab():
+            bad(f"--teacher {args.teacher}: its tokenizer differs from --model {args.model}'s; OPD compares "
+                "log-probs of the same token ids, so the vocabularies must be identical")
+    if args.process == "step" and args.step_scorer == "toy" and args.data:
+        bad("--step-scorer toy checks the embedded arithmetic task only: give the path of a step PRM")
+    if args.pass_preset == "v1" and args.estimator == "pass" and args.process != "step":
+        bad("--pass-preset v1 chunks by the step PRM's steps: it needs --process step")
     if args.resume and not args.run_name:
-        raise SystemExit("--resume needs --run-name of the run to continue")
+        bad("--resume needs --run-name of the run to continue")
+    if args.resume and not (Path(args.out_dir) / args.run_name / "checkpoint" / "state.pt").exists():
+        bad(f"--resume: no checkpoint in {Path(args.out_dir) / args.run_name / 'checkpoint'}")
+    if args.rollout == "vllm":
+        import importlib.util
+        if importlib.util.find_spec("vllm") is None:
+            bad("--rollout vllm: vLLM is not installed (see the README's vLLM section), or use --rollout hf")
+    if not args.prm_online and not args.prm_warmup_steps:
+        print("warning: --no-prm-online without --prm-warmup-steps: the PRM stays equal to the reference and "
+              "every implicit reward is 0")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -684,8 +737,6 @@ def implicit_prm_step(prm, prm_opt, batch: Rollout, logp_ref, mask, outcome, n_t
             return prime.prm_ce_loss(logp_prm, logp_ref[s], mask[s], outcome[s], args.beta)
         return prime.prm_dpo_loss(logp_prm, logp_ref[s], mask[s], outcome[s], args.beta, args.n_samples)
 
-    if args.prm_loss == "dpo":  # whole groups per micro-batch
-        assert args.micro_batch_size % args.n_samples == 0, "--micro-batch-size must hold whole groups for DPO"
     losses = run_update(prm, prm_opt, prm_loss_fn, n_train, args, d, args.prm_grad_clip)
     if args.prm_update == "before":  # double forward: rewards from the updated PRM
         logp_prm_store = logprobs_no_grad(unwrap(prm), batch, args.micro_batch_size)

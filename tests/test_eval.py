@@ -306,7 +306,7 @@ def test_plot_compares_two_runs(runs, tmp_path, capsys):
 def test_unknown_benchmark_from_the_command_line():
     proc = subprocess.run([sys.executable, str(REPO / "eval.py"), "--model", "unused",
                            "--benchmarks", "math500,mathh500"], capture_output=True, text=True, cwd=REPO)
-    assert proc.returncode != 0
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--benchmarks: unknown benchmark 'mathh500'; choose from math500, gsm8k" in proc.stderr
 
 
@@ -335,10 +335,3 @@ def test_missing_files_and_fields_name_the_benchmark_file_row_and_field(sft, tmp
         eval.load_benchmark("olympiad", tmp_path)
 
 
-def test_bad_flags_and_paths(tmp_path):
-    with pytest.raises(SystemExit, match="--greedy decodes one response per problem: drop --n 4"):
-        eval.main(["--model", "x", "--greedy", "--n", "4"])
-    with pytest.raises(SystemExit, match="--model nowhere: no such local path"):
-        eval.main(["--model", "nowhere", "--benchmarks", "toy"])
-    with pytest.raises(SystemExit, match="--plot .*: no metrics.jsonl there"):
-        eval.main(["--plot", str(tmp_path)])

@@ -1,0 +1,125 @@
+"""Every bad configuration stops at once with a clear message naming the flag: exit code 2 as argparse,
+no traceback, and nothing loaded or written (the run folder stays empty). One row per bad value."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import eval
+import reproduce
+import train
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (flags, what the message must name); at least one row per flag that has a domain
+TRAIN_BAD = [
+    (["--steps", "0"], "--steps 0"), (["--steps", "-1"], "--steps -1"),
+    (["--prompts-per-step", "0"], "--prompts-per-step 0"), (["--n-samples", "0"], "--n-samples 0"),
+    (["--max-prompt-len", "0"], "--max-prompt-len 0"), (["--max-response-len", "0"], "--max-response-len 0"),
+    (["--temperature", "0"], "--temperature 0"), (["--temperature", "nan"], "--temperature nan"),
+    (["--top-p", "0"], "--top-p 0"), (["--top-p", "1.5"], "--top-p 1.5"),
+    (["--prm-warmup-steps", "-1"], "--prm-warmup-steps -1"), (["--teacher-sft-steps", "0"], "--teacher-sft-steps 0"),
+    (["--gopd-lambda", "0"], "--gopd-lambda 0"), (["--beta", "-1"], "--beta -1"), (["--beta", "0"], "--beta 0"),
+    (["--filter-low", "-0.1"], "--filter-low -0.1"), (["--filter-high", "1.1"], "--filter-high 1.1"),
+    (["--filter-low", "0.9", "--filter-high", "0.1"], "--filter-low 0.9 / --filter-high 0.1"),
+    (["--clip-eps", "0"], "--clip-eps 0"), (["--clip-eps", "1"], "--clip-eps 1"),
+    (["--dual-clip", "1"], "--dual-clip 1"), (["--dual-clip", "-3"], "--dual-clip -3"),
+    (["--gamma", "1.5"], "--gamma 1.5"), (["--gamma", "-0.1"], "--gamma -0.1"),
+    (["--policy-lr", "0"], "--policy-lr 0"), (["--prm-lr=-1e-4"], "--prm-lr -0.0001"),
+    (["--policy-weight-decay", "-0.1"], "--policy-weight-decay -0.1"),
+    (["--policy-grad-clip", "0"], "--policy-grad-clip 0"), (["--prm-grad-clip", "0"], "--prm-grad-clip 0"),
+    (["--mini-batches", "0"], "--mini-batches 0"), (["--micro-batch-size", "0"], "--micro-batch-size 0"),
+    (["--vllm-gpu-memory-utilization", "0"], "--vllm-gpu-memory-utilization 0"),
+    (["--save-every", "0"], "--save-every 0"), (["--eval-problems", "0"], "--eval-problems 0"),
+    (["--eval-every", "-1"], "--eval-every -1"), (["--eval-samples", "0"], "--eval-samples 0"),
+    (["--sft-steps", "-5"], "--sft-steps -5"), (["--episodes-per-step", "-1"], "--episodes-per-step -1"),
+    (["--max-memory-gb", "-1"], "--max-memory-gb -1"), (["--toy-slip", "1"], "--toy-slip 1"),
+    (["--toy-ops", "6-3"], "--toy-ops '6-3'"), (["--toy-ops", "x"], "--toy-ops 'x'"),
+    # paths
+    (["--data", "/nonexistent.jsonl"], "--data /nonexistent.jsonl: file not found"),
+    (["--data", "README.md"], "--data README.md: expected a .jsonl or .parquet"),
+    (["--model", "nowhere"], "--model nowhere: no such local path"),
+    (["--process", "opd", "--teacher", "nowhere"], "--teacher nowhere: no such local path"),
+    (["--process", "step", "--step-scorer", "nowhere"], "--step-scorer nowhere"),
+    (["--resume", "--run-name", "never-ran"], "--resume: no checkpoint in"),
+    (["--resume"], "--resume needs --run-name"),
+    # combinations that cannot work
+    (["--n-samples", "1"], "--n-samples 1: --estimator rloo needs at least 2"),
+    (["--estimator", "prm-value", "--process", "none"], "--estimator prm-value"),
+    (["--process", "none", "--prm-warmup-steps", "2"], "--prm-warmup-steps"),
+    (["--prm-loss", "dpo", "--micro-batch-size", "6"], "--micro-batch-size 6 must be a multiple of --n-samples 4"),
+    (["--teacher", "README.md"], "--teacher is used only by --process opd/gopd"),
+    (["--process", "opd", "--model", "README.md"], "needs --teacher PATH"),
+    (["--process", "step", "--data", "README.md"], "--data README.md"),
+    (["--pass-preset", "v1", "--estimator", "pass"], "--pass-preset v1"),
+    (["--estimator", "ppo-typo"], "--estimator"),
+]
+
+
+@pytest.mark.parametrize("flags, names", TRAIN_BAD, ids=lambda x: " ".join(x) if isinstance(x, list) else None)
+def test_train_refuses_a_bad_value_naming_the_flag(flags, names, tmp_path, capsys):
+    out = tmp_path / "runs"
+    with pytest.raises(SystemExit) as stop:
+        train.main([*flags, "--out-dir", str(out), "--cache-dir", str(tmp_path / "cache")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and names in err, err
+    assert not out.exists() and not (tmp_path / "cache").exists()  # nothing loaded, nothing written
+
+
+@pytest.mark.parametrize("flags", [
+    ["--filter-low", "0", "--filter-high", "1"], ["--filter-low", "0.5", "--filter-high", "0.5"],
+    ["--gamma", "0"], ["--gamma", "1"], ["--top-p", "1"], ["--toy-slip", "0"], ["--dual-clip", "0"],
+    ["--dual-clip", "3"], ["--eval-every", "0"], ["--sft-steps", "0"], ["--prm-warmup-steps", "0"],
+    ["--episodes-per-step", "0"], ["--toy-ops", "1-12"], ["--toy-ops", "4"], ["--clip-eps", "0.999"],
+    ["--prm-loss", "dpo", "--micro-batch-size", "8"], ["--n-samples", "1", "--estimator", "reinforce"],
+])
+def test_train_accepts_the_edge_values(flags):
+    train.parse_args(flags)
+
+
+def test_train_cli_exit_code_and_no_traceback(tmp_path):
+    for flags in (["--prompts-per-step", "0"], ["--temperature", "0"], ["--data", "/nonexistent.jsonl"]):
+        proc = subprocess.run([sys.executable, str(REPO / "train.py"), *flags, "--out-dir", str(tmp_path)],
+                              capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert flags[0] in proc.stderr
+        assert not any(tmp_path.iterdir())
+
+
+EVAL_BAD = [
+    (["--model", "x", "--greedy", "--n", "4"], "--greedy decodes one response per problem: drop --n 4"),
+    (["--model", "x", "--n", "0"], "--n 0"), (["--model", "x", "--batch-size", "0"], "--batch-size 0"),
+    (["--model", "x", "--limit", "-1"], "--limit -1"), (["--model", "x", "--max-new-tokens", "-1"], "--max-new-tokens -1"),
+    (["--model", "x", "--temperature", "0"], "--temperature 0"), (["--model", "x", "--top-p", "2"], "--top-p 2"),
+    (["--model", "nowhere", "--benchmarks", "toy"], "--model nowhere: no such local path"),
+    (["--model", "x", "--benchmarks", "math500,mathh500"], "unknown benchmark 'mathh500'"),
+    (["--model", "x", "--benchmarks", "math500", "--data-dir", "/nonexistent"], "--data-dir /nonexistent"),
+    (["--benchmarks", "toy"], "--model is required"),
+    (["--plot", "/nonexistent"], "--plot /nonexistent: no metrics.jsonl"),
+    (["--episodes", "/nonexistent"], "--episodes /nonexistent: no episodes.jsonl"),
+]
+
+
+@pytest.mark.parametrize("flags, names", EVAL_BAD, ids=lambda x: " ".join(x) if isinstance(x, list) else None)
+def test_eval_refuses_a_bad_value_naming_the_flag(flags, names, capsys):
+    with pytest.raises(SystemExit) as stop:
+        eval.main(flags)
+    assert stop.value.code == 2
+    assert names in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, names", [
+    (["prime-vs-rloo", "--steps", "0"], "--steps 0"), (["prime-vs-rloo", "--jobs", "0"], "--jobs 0"),
+    (["prime-vs-rloo", "--window", "0"], "--window 0"), (["prime-vs-rloo", "--seeds", "1", "1"], "--seeds 1 1"),
+    (["prime-vs-rloo", "--beta", "-1"], "--beta -1"), (["prime-vs-rloo", "--temperature", "0"], "--temperature 0"),
+    (["nothing"], "invalid choice"),
+])
+def test_reproduce_refuses_a_bad_value_before_any_run(flags, names, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        reproduce.main([*flags, "--out", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache")])
+    assert stop.value.code == 2
+    assert names in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
