@@ -91,7 +91,7 @@ def demonstrate(problem: Problem, rng: random.Random, slip: float) -> str:
     value, lines = problem.first, []
     for op, b in problem.ops:
         result = apply(op, value, b)
-        if rng.random() < slip:
+        if slip and rng.random() < slip:  # slip 0 draws nothing: the clean stream of earlier versions
             near = [v for v in range(result - 9, result + 10) if v != result]
             # kept in [0, 99]; a chain already carried out of range by an earlier slip slips anywhere near
             result = rng.choice([v for v in near if 0 <= v <= 99] or near)
