@@ -393,3 +393,24 @@ def test_prm_pairwise_accuracy_soft_labels_with_small_total_weight():
     # .1 (0,1) .2 (0,2) .1 (1,2), total 0.4; scores [3, 1, 2]: (0,1) right, (0,2) right, (1,2) wrong
     got = prime.prm_pairwise_accuracy(torch.tensor([3.0, 1.0, 2.0]), torch.tensor([0.5, 0.4, 0.3]), 3).item()
     assert got == pytest.approx(0.3 / 0.4, abs=1e-6)
+
+
+def test_group_size_one_is_allowed_where_no_baseline_is_needed():
+    # K = 1: the filter, the pairwise accuracy and the DPO loss need no second response
+    assert prime.keep_groups(torch.tensor([0.0, 1.0, 0.5]), 1).tolist() == [False, False, True]
+    assert prime.prm_pairwise_accuracy(torch.tensor([1.0, -1.0]), torch.tensor([1.0, 0.0]), 1).item() == 0.5
+    loss = prime.prm_dpo_loss(torch.tensor([[2.0]]), torch.zeros(1, 1), torch.ones(1, 1), torch.tensor([1.0]), 1.0, 1)
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-2.0)), rel=1e-6)  # no opposite: vs 0
+
+
+def test_whiten_two_tokens_uses_the_unbiased_variance():
+    # values 1 and 3: mean 2, unbiased var (1 + 1) / 1 = 2 -> -1/sqrt(2), +1/sqrt(2)
+    out = prime.whiten(torch.tensor([[1.0, 3.0, 7.0]]), torch.tensor([[1, 1, 0]]))
+    assert out[0].tolist() == pytest.approx([-1 / math.sqrt(2 + 1e-8), 1 / math.sqrt(2 + 1e-8), 0.0], abs=1e-6)
+
+
+def test_prm_value_advantage_default_gamma_is_one():
+    process = torch.tensor([[0.2, -0.1, 0.4]])
+    got = prime.prm_value_advantage(process, torch.tensor([1.0]), torch.ones(1, 3))
+    # V = [0, 0.2, 0.1]; outcome return with gamma 1 = [1, 1, 1]
+    assert got[0].tolist() == pytest.approx([1.0, 0.8, 0.9])

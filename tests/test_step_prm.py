@@ -206,3 +206,17 @@ def test_hf_step_prm_bad_path_and_bad_marker(tiny_prm, tmp_path):
         step_prm.load_step_scorer(str(tmp_path / "nope"))
     with pytest.raises(SystemExit, match="not one token"):
         step_prm.HFStepPRM(str(tiny_prm), step_token="<no such marker>")
+
+
+def test_load_step_scorer_toy_and_the_default_separator(tiny_prm):
+    assert isinstance(step_prm.load_step_scorer("toy"), step_prm.ToyStepChecker)
+    scorer = step_prm.load_step_scorer(str(tiny_prm))
+    assert isinstance(scorer, step_prm.HFStepPRM) and scorer.separator == "\n\n" and scorer.device == "cpu"
+    assert step_prm.load_step_scorer(str(tiny_prm), separator="\n").separator == "\n"
+
+
+def test_step_end_rewards_ignore_valid_tokens_in_no_step():
+    # token 2 is valid but belongs to no step (-1): it gets nothing, and step 0 still ends at token 1
+    signal = torch.tensor([[.9, .9, .5, .2]])
+    out = step_prm.step_end_rewards(signal, torch.tensor([[0, 0, -1, 1]]), torch.ones(1, 4))
+    assert out.tolist() == [[0.0, pytest.approx(0.9), 0.0, pytest.approx(0.2)]]
