@@ -89,7 +89,7 @@ class Args:
     preset: str = ""
     """named hyper-parameter sets: 'paper' (the paper's 7B run) or '1.5b' (fits plain DDP on 80 GB GPUs)"""
     # --- the RL loop
-    steps: int = 80
+    steps: int = 100
     """RL iterations"""
     prompts_per_step: int = 32
     """prompts sampled per iteration, over all ranks (paper: 256)"""
@@ -151,8 +151,8 @@ class Args:
     # --- optimisation
     policy_lr: float = 3e-5
     """policy AdamW learning rate (paper: 5e-7 for a 7B model; 1e-4 degraded the tiny model here)"""
-    prm_lr: float = 1e-4
-    """PRM AdamW learning rate (paper: 1e-6 for a 7B model)"""
+    prm_lr: float = 3e-4
+    """PRM AdamW learning rate (paper: 1e-6 for a 7B model; 3e-4 lets the tiny PRM keep up with the policy here)"""
     policy_weight_decay: float = 0.01
     """official actor weight decay"""
     policy_grad_clip: float = 1.0
