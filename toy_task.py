@@ -262,8 +262,11 @@ def run_sft(out_dir: Path, steps: int = 0, batch_size: int = 64, lr: float = 3e-
         model.train()
         return loss
 
-    # bf16 matmuls (weights and optimiser stay fp32) where the CPU has them natively: ~1.5x faster here
+    # bf16 matmuls (weights and optimiser stay fp32) where the CPU has them natively: ~1.5x faster here;
+    # eager attention is ~20% faster than SDPA at this size (0.15 vs 0.19 s a step on 2 cores)
     fast_bf16 = cpu_has_bf16()
+    attention = model.config._attn_implementation
+    model.config._attn_implementation = "eager"
     start, losses, stop_at, step = time.time(), [], steps or MAX_SFT_STEPS, 0
     model.train()
     while step < stop_at:
@@ -299,6 +302,7 @@ def run_sft(out_dir: Path, steps: int = 0, batch_size: int = 64, lr: float = 3e-
             "bf16_autocast": fast_bf16,
             "seconds": round(time.time() - start, 1)}
     log(f"sft done: {step} steps, held-out loss {info['held_out_loss']:.4f}, {info['seconds']:.0f}s")
+    model.config._attn_implementation = attention  # the checkpoint loads with the library's default
     save_pretrained_atomic(model, tokenizer, out_dir, extra={"sft": info})
     return model, tokenizer, info
 
