@@ -494,8 +494,10 @@ def plot_episodes(run_dir: str | Path, out: str | Path | None = None) -> Path | 
         y += 1.1
         for line in lines:
             for x, (ch, r, _) in enumerate(line):
-                ax.add_patch(Rectangle((x, y - 0.45), 1, 0.9, color=cmap(0.5 + 0.5 * max(-1, min(1, r / vmax)))))
-                ax.text(x + 0.5, y, ch, fontsize=9, family="monospace", ha="center", va="center")
+                shade = max(-1, min(1, r / vmax))
+                ax.add_patch(Rectangle((x, y - 0.45), 1, 0.9, color=cmap(0.5 + 0.5 * shade)))
+                ax.text(x + 0.5, y, ch, fontsize=9, family="monospace", ha="center", va="center",
+                        color="white" if abs(shade) > 0.6 else "black")  # readable on the darkest cells
             step = line[0][2]
             total = sum(r for _, r, _ in line)
             wrong_line = e.get("first_wrong_step", -1) == step and e["outcome"] < 1
