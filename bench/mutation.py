@@ -1,5 +1,6 @@
 """Mutation testing of the math with mutmut (configured in setup.cfg), and the kill rate per file.
 
+    pip install mutmut==3.8.1             # once (not in requirements.txt: CI does not run it)
     python bench/mutation.py              # mutmut run (resumes where it stopped), then the report
     python bench/mutation.py --report     # only the report, from the mutants/ folder mutmut left
 

@@ -221,7 +221,8 @@ def test_verl_parquet_and_jsonl_rows_become_tasks(tmp_path):
     assert tasks[0].answer == "8" and tokenizer.decode(tasks[0].prompt_ids) == "2*4=\n"
 
 
-TEACHER = ["--teacher-sft-steps", str(SFT_STEPS)]  # the cached SFT model: the teacher = the starting student
+# The embedded teacher is an SFT on the clean demonstrator (no slips), a model of its own: a short one here
+TEACHER = ["--teacher-sft-steps", "100"]
 
 
 @pytest.mark.parametrize("flags", [
@@ -257,8 +258,8 @@ def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
         assert all(m["prm_accuracy"] is None and m["process_reward_abs_mean"] == 0 for m in metrics)
     if args.process == "step":  # the exact checker gives non-zero rewards to the steps it accepts
         assert all(m["process_reward_abs_mean"] > 0 for m in kept)
-    if args.process in ("opd", "gopd"):  # teacher = starting student: the signal is 0 until the policy moves
-        assert metrics[0]["process_reward_abs_mean"] == 0 and metrics[1]["process_reward_abs_mean"] > 0
+    if args.process in ("opd", "gopd"):  # teacher != student: a signal from the first step on
+        assert all(m["process_reward_abs_mean"] > 0 for m in kept)
     config = json.loads((run_dir / "config.json").read_text())
     changed = {k: v for k, v in train.dataclasses.asdict(train.parse_args(flags)).items()
                if v != getattr(train.Args(), k)}
