@@ -520,3 +520,25 @@ def test_outcome_only_keeps_the_users_outcome_and_format_weights():
         assert_close(got, want, atol=1e-9)
     unit = vectorised(s, mask, outcome, fmt, gids, step_ids, recipe="outcome_only")
     assert (got - unit).abs().max() > 0.1  # the weights change the result
+
+
+def test_more_shape_errors_name_the_argument_and_what_was_given():
+    s, mask, outcome, fmt, gid = example()
+    with pytest.raises(ValueError, match="process_signal must be a \\(B, T\\) tensor"):
+        pass_advantage(s[None], mask, outcome, fmt, gid)  # (1, B, T)
+    with pytest.raises(ValueError, match=r"outcome must be a tensor of shape \(4,\), got \(3,\)"):
+        pass_advantage(s, mask, outcome[:3], fmt, gid)
+    with pytest.raises(ValueError, match=r"fmt must be a tensor of shape \(4,\), got list"):
+        pass_advantage(s, mask, outcome, fmt.tolist(), gid)
+
+
+def test_empty_batch_and_integer_signal():
+    T = 5
+    empty = pass_advantage(torch.zeros(0, T), torch.zeros(0, T), torch.zeros(0), torch.zeros(0),
+                           torch.zeros(0, dtype=torch.long))
+    assert empty.shape == (0, T)
+    # an integer signal is read as float: the same advantages as its float copy
+    s, mask, outcome, fmt, gid = example()
+    ints = (s * 10).round().long()
+    assert_close(pass_advantage(ints, mask, outcome, fmt, gid), pass_advantage(ints.double(), mask, outcome, fmt, gid),
+                 atol=1e-6)

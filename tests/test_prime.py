@@ -414,3 +414,35 @@ def test_prm_value_advantage_default_gamma_is_one():
     got = prime.prm_value_advantage(process, torch.tensor([1.0]), torch.ones(1, 3))
     # V = [0, 0.2, 0.1]; outcome return with gamma 1 = [1, 1, 1]
     assert got[0].tolist() == pytest.approx([1.0, 0.8, 0.9])
+
+
+def test_token_logprobs_with_more_rows_than_vocabulary():
+    # N = B*T = 120 rows > V = 11: every row is computed, in chunks of 2 rows (forward and backward)
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 30, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 11, (4, 30), generator=g)
+    ours = prime.token_logprobs(logits, labels, 0.8, chunk_elements=22)
+    naive = torch.log_softmax(logits / 0.8, -1).gather(-1, labels[..., None])[..., 0]
+    assert torch.allclose(ours.double(), naive, atol=1e-6)
+    w = torch.randn(4, 30, generator=g, dtype=torch.float64)
+    (g_ours,) = torch.autograd.grad((ours.double() * w).sum(), logits)
+    (g_naive,) = torch.autograd.grad((naive * w).sum(), logits)
+    assert torch.allclose(g_ours, g_naive, atol=1e-6)
+
+
+def test_discounted_returns_of_one_token_responses():
+    # T = 1 with gamma < 1 (the scan path): the return is the reward itself
+    process = torch.tensor([[0.5], [-1.0]])
+    got = prime.rloo_advantage(process, torch.tensor([1.0, 0.0]), torch.ones(2, 1), 2, gamma=0.9)
+    # outcome RLOO [+1, -1]; process: m = [0.5, -1], shaped = r - other mean = [1.5, -1.5]
+    # official form adds (r - m_i)/(K-1) = 0 -> [[2.5], [-2.5]]
+    assert got.tolist() == [[2.5], [-2.5]]
+
+
+def test_grpo_process_group_with_zero_std_divides_by_plus_eps():
+    # group of 2 with response means both 0.5 (std 0): z = (r - 0.5) / (0 + eps), sign kept
+    process = torch.tensor([[1.0, 0.0], [0.5, 0.5]], dtype=torch.float64)
+    got = prime.grpo_advantage(process, torch.tensor([1.0, 1.0]), torch.ones(2, 2), 2, eps=1e-6)
+    # outcome equal -> 0; row 0: z = [0.5, -0.5] / 1e-6 -> rtg [0, -5e5]; row 1: z = 0
+    assert got[0].tolist() == pytest.approx([0.0, -0.5 / 1e-6])
+    assert got[1].tolist() == [0.0, 0.0]
