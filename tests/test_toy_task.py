@@ -137,3 +137,10 @@ def test_localization_of_real_toy_tokens_against_a_plain_loop():
             sums[step_ids[i, t].item()] = sums.get(step_ids[i, t].item(), 0.0) + reward[i, t].item()
         hits += min(sums, key=lambda s: (sums[s], s)) == first_wrong[i].item()
     assert step_prm.step_localization(reward, step_ids, first_wrong) == (hits, 2)
+
+
+def test_step_localization_with_one_step_and_an_empty_batch():
+    # a response of a single step (e.g. only a box): that step is blamed, a hit when it is the wrong one
+    assert step_prm.step_localization(torch.tensor([[0.3, -0.2]]), torch.tensor([[0, 0]]), torch.tensor([0])) == (1, 1)
+    empty = torch.zeros(0, 4)
+    assert step_prm.step_localization(empty, empty.long(), torch.zeros(0, dtype=torch.long)) == (0, 0)
