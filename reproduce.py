@@ -210,14 +210,13 @@ def main(argv=None):
             parser.error(f"{flag} {value}: must be >= 1")
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once")
-    if not args.report_only:
-        train_config(args.train_args + ["--steps", str(args.steps)])  # a bad train.py flag fails now (exit 2)
+    if not args.report_only:  # a bad train.py flag fails now (exit 2), before the SFT or any run
+        task = train_config(args.train_args + ["--steps", str(args.steps)])
 
     names = list(COMPARISONS) if args.comparison == "all" else [args.comparison]
     arms = list(dict.fromkeys(a for n in names for a in COMPARISONS[n]))
     if not args.report_only:
         # The SFT checkpoint first, once (every run would otherwise race to build it).
-        task = train_config(args.train_args)
         subprocess.run([sys.executable, "-c", "import sys, toy_task; from pathlib import Path; "
                         f"toy_task.sft_checkpoint(Path({args.cache_dir!r}), int(sys.argv[1]), "
                         "ops=toy_task.parse_ops(sys.argv[2]), slip=float(sys.argv[3]))",

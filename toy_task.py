@@ -65,19 +65,19 @@ def apply(op: str, a: int, b: int) -> int:
 def make_problem(rng: random.Random, min_ops: int = DEFAULT_OPS[0], max_ops: int = DEFAULT_OPS[1]) -> Problem:
     """One random problem; all true intermediate values stay in [0, 99]."""
     value = rng.randint(1, 9)
-    first, expr, steps, ops = value, str(value), [], []
+    first, expr, ops = value, str(value), []
     for _ in range(rng.randint(min_ops, max_ops)):
         while True:
             op, operand = rng.choice(OPS), rng.randint(1, 9)
             result = apply(op, value, operand)
             if 0 <= result <= 99:
                 break
-        steps.append(f"{value}{op}{operand}={result}")
-        expr = f"({expr}){op}{operand}" if steps[1:] else f"{expr}{op}{operand}"
+        expr = f"({expr}){op}{operand}" if ops else f"{expr}{op}{operand}"
         ops.append((op, operand))
         value = result
-    solution = "\n".join(steps) + f"\n\\boxed{{{value}}}"
-    return Problem(prompt=expr + "\n", answer=str(value), solution=solution, first=first, ops=tuple(ops))
+    problem = Problem(prompt=expr + "\n", answer=str(value), solution="", first=first, ops=tuple(ops))
+    problem.solution = demonstrate(problem, rng, 0.0)  # the demonstrator who never slips (draws nothing)
+    return problem
 
 
 def demonstrate(problem: Problem, rng: random.Random, slip: float) -> str:
@@ -142,7 +142,7 @@ def check_steps(prompt: str, steps: list[str]) -> list[float]:
         if k < len(ops) and step:
             a, op, b, c = int(step[1]), step[2], int(step[3]), int(step[4])
             right = (a == prev and (op, str(b)) == ops[k]
-                     and c == {"+": a + b, "-": a - b, "*": a * b}[op])
+                     and c == apply(op, a, b))
             scores.append(float(right))
             prev = c
         elif k == len(ops) and boxed:
@@ -158,7 +158,7 @@ def gold_values(first: int, ops: list[tuple[str, str]]) -> list[int]:
     """The true intermediate results of a chain: gold_values(7, [("+", "5"), ("*", "3")]) -> [12, 36]."""
     values, v = [], first
     for op, b in ops:
-        v = {"+": v + int(b), "-": v - int(b), "*": v * int(b)}[op]
+        v = apply(op, v, int(b))
         values.append(v)
     return values
 
@@ -265,7 +265,7 @@ def run_sft(out_dir: Path, steps: int = 0, batch_size: int = 64, lr: float = 3e-
     # bf16 matmuls (weights and optimiser stay fp32) where the CPU has them natively: ~1.5x faster here;
     # eager attention is ~20% faster than SDPA at this size (0.15 vs 0.19 s a step on 2 cores)
     fast_bf16 = cpu_has_bf16()
-    attention = model.config._attn_implementation
+    default_attention = model.config._attn_implementation
     model.config._attn_implementation = "eager"
     start, losses, stop_at, step = time.time(), [], steps or MAX_SFT_STEPS, 0
     model.train()
@@ -302,7 +302,7 @@ def run_sft(out_dir: Path, steps: int = 0, batch_size: int = 64, lr: float = 3e-
             "bf16_autocast": fast_bf16,
             "seconds": round(time.time() - start, 1)}
     log(f"sft done: {step} steps, held-out loss {info['held_out_loss']:.4f}, {info['seconds']:.0f}s")
-    model.config._attn_implementation = attention  # the checkpoint loads with the library's default
+    model.config._attn_implementation = default_attention  # the checkpoint loads with the library's default
     save_pretrained_atomic(model, tokenizer, out_dir, extra={"sft": info})
     return model, tokenizer, info
 

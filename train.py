@@ -907,16 +907,16 @@ def heldout_accuracy(model, tokenizer, tasks: list[Task], args: Args, d: Dist, s
     noisy demonstrator: greedy ~0.9), the sampled accuracy is the one RL moves. Sampling draws from
     a forked RNG with a fixed seed: evaluating never shifts the training's random stream, and every
     evaluation of a run (and every run of a seed) uses the same random numbers."""
-    mine = tasks[d.rank::d.world]
+    mine, n = tasks[d.rank::d.world], max(samples, 1)
     correct = 0.0
     if mine:
         with torch.random.fork_rng(devices=[d.device] if d.device.type == "cuda" else []):
             torch.manual_seed(args.seed * 7919 + d.rank)
             sampler = HFRollout(unwrap(model), tokenizer, args.max_response_len, args.temperature, args.top_p)
-            ro = sampler.generate([t.prompt_ids for t in mine], n=max(samples, 1), greedy=not samples)
-        scores = verify.score_batch(sampler.decode(ro), [t.answer for t in mine for _ in range(max(samples, 1))],
-                                    [t.kind for t in mine for _ in range(max(samples, 1))])
-        correct = sum(s.reward for s in scores) / max(samples, 1)
+            ro = sampler.generate([t.prompt_ids for t in mine], n=n, greedy=not samples)
+        scores = verify.score_batch(sampler.decode(ro), [t.answer for t in mine for _ in range(n)],
+                                    [t.kind for t in mine for _ in range(n)])
+        correct = sum(s.reward for s in scores) / n
     total, count = all_reduce([correct, len(mine)], d)
     return total / max(count, 1)
 
