@@ -5,6 +5,8 @@
     python reproduce.py estimators             # REINFORCE / GRPO / RLOO with and without process rewards (Fig. 7)
     python reproduce.py pass                   # GRPO outcome-only vs PASS, implicit PRM and exact step checker (PASS Table 1)
     python reproduce.py timing                 # step-time split, PRIME vs RLOO (Table 2)
+    python reproduce.py credit                 # the credit-assignment study: when do dense rewards pay off?
+    python reproduce.py credit --settings sparse --arms outcome-nf step-nf   # a part of it
     python reproduce.py all                    # everything above (each run once; arms are shared)
     python reproduce.py all --report-only      # redraw plots and tables from the finished runs
     python reproduce.py prime-vs-rloo --seeds 1 2 --steps 40 --jobs 1
@@ -57,13 +59,185 @@ COMPARISONS = {
 }
 
 
-def run_arm(arm: str, seed: int, args, threads: int) -> Path:
+# ---------------------------------------------------------------------------------------------------
+# The credit-assignment study: along a dial of task settings, outcome-only RLOO vs the exact step
+# checker (a perfect process signal) vs the implicit PRM, under several advantage constructions.
+# ---------------------------------------------------------------------------------------------------
+
+# The dial: chain length and the SFT demonstrator's slip rate. Longer chains and more slips make a
+# correct answer rarer (sparser outcomes: fewer prompt groups with both right and wrong responses).
+# Each setting has its own SFT checkpoint, trained to convergence like the default's.
+SETTINGS = {
+    "short": ["--toy-ops", "2-4"],                         # slip 0.15: most groups mixed or all right
+    "default": [],                                          # 3-6 operations, slip 0.15: the README's run
+    "sparse": ["--toy-ops", "6-8", "--toy-slip", "0.25"],   # few groups mixed
+}
+NO_FILTER = ["--filter-low", "0", "--filter-high", "1"]  # all-wrong groups stay: they can carry a process signal
+MIXED = [*NO_FILTER, "--prm-groups", "mixed"]  # ...but the implicit PRM learns from the mixed groups only
+# Each arm: flags, the outcome-only arm its gain is measured against (same filter, same lr), and the
+# exact-checker arm whose gain it is compared with (same advantage construction where one was run).
+CREDIT_ARMS = {
+    "outcome": dict(flags=["--process", "none"], baseline="outcome", checker="step"),
+    "step": dict(flags=["--process", "step"], baseline="outcome", checker="step"),
+    "implicit": dict(flags=[], baseline="outcome", checker="step"),
+    "outcome-nf": dict(flags=["--process", "none", *NO_FILTER], baseline="outcome-nf", checker="step-nf"),
+    "step-nf": dict(flags=["--process", "step", *NO_FILTER], baseline="outcome-nf", checker="step-nf"),
+    "implicit-nf": dict(flags=NO_FILTER, baseline="outcome-nf", checker="step-nf"),
+    "implicit-nf-mixed": dict(flags=MIXED, baseline="outcome-nf", checker="step-nf"),
+    "implicit-nf-mixed-warm": dict(flags=[*MIXED, "--prm-warmup-steps", "20"], baseline="outcome-nf",
+                                   checker="step-nf"),
+    "implicit-nf-mixed-prmlr": dict(flags=[*MIXED, "--prm-lr", "1e-3"], baseline="outcome-nf", checker="step-nf"),
+    "implicit-nf-mixed-k8": dict(flags=[*MIXED, "--n-samples", "8", "--prompts-per-step", "16"],
+                                 baseline="outcome-nf", checker="step-nf"),
+    "step-nf-gamma": dict(flags=["--process", "step", *NO_FILTER, "--gamma", "0.9"], baseline="outcome-nf",
+                          checker="step-nf"),
+    "step-nf-grpo": dict(flags=["--process", "step", "--estimator", "grpo", *NO_FILTER], baseline="outcome-nf",
+                         checker="step-nf"),
+    "step-nf-pass": dict(flags=["--process", "step", "--estimator", "pass", *NO_FILTER], baseline="outcome-nf",
+                         checker="step-nf"),
+    "outcome-nf-lr1e-4": dict(flags=["--process", "none", *NO_FILTER, "--policy-lr", "1e-4"],
+                              baseline="outcome-nf-lr1e-4", checker="step-nf-lr1e-4"),
+    "step-nf-lr1e-4": dict(flags=["--process", "step", *NO_FILTER, "--policy-lr", "1e-4"],
+                           baseline="outcome-nf-lr1e-4", checker="step-nf-lr1e-4"),
+    "implicit-nf-mixed-lr1e-4": dict(flags=[*MIXED, "--policy-lr", "1e-4"], baseline="outcome-nf-lr1e-4",
+                                     checker="step-nf-lr1e-4"),
+}
+CREDIT_LABELS = {
+    "outcome": "outcome-only RLOO", "step": "RLOO + exact step checker", "implicit": "PRIME (RLOO + implicit PRM)",
+    "outcome-nf": "outcome-only RLOO, no filter", "step-nf": "RLOO + step checker, no filter",
+    "implicit-nf": "PRIME, no filter", "implicit-nf-mixed": "PRIME, no filter, PRM on mixed groups",
+    "implicit-nf-mixed-warm": "... + PRM warmed up offline (20 batches)",
+    "implicit-nf-mixed-prmlr": "... + PRM lr 1e-3", "implicit-nf-mixed-k8": "... + 8 samples x 16 prompts",
+    "step-nf-gamma": "RLOO + step checker, no filter, gamma 0.9", "step-nf-grpo": "GRPO + step checker, no filter",
+    "step-nf-pass": "PASS + step checker, no filter",
+    "outcome-nf-lr1e-4": "outcome-only RLOO, no filter, lr 1e-4", "step-nf-lr1e-4": "step checker, no filter, lr 1e-4",
+    "implicit-nf-mixed-lr1e-4": "PRIME, no filter, PRM on mixed, lr 1e-4",
+}
+# What `python reproduce.py credit` runs in each setting (3 seeds each); the rest of CREDIT_ARMS are
+# there to be run with --arms. The dense settings get the three process sources with PRIME's filter;
+# the sparse one, where the first trials found a lead, gets every construction.
+CREDIT = {
+    "short": ["outcome", "step", "implicit"],
+    "default": ["outcome", "step", "implicit"],
+    "sparse": list(CREDIT_ARMS),
+}
+
+
+def credit_runs(settings: list[str], arms: list[str] | None) -> list[tuple[str, str, list[str]]]:
+    """(setting, arm, train.py flags) of every run of the study, in priority order within a seed."""
+    return [(s, a, [*SETTINGS[s], *CREDIT_ARMS[a]["flags"]]) for s in settings for a in (arms or CREDIT[s])]
+
+
+def credit_run_name(setting: str, arm: str) -> str:
+    """A run's folder name; a study run with the same flags as a comparison's arm IS that run (the
+    default setting's outcome-only and PRIME runs are prime-vs-rloo's), so it is not run twice."""
+    flags = [*SETTINGS[setting], *CREDIT_ARMS[arm]["flags"]]
+    return next((name for name, f in ARMS.items() if f == flags), f"credit-{setting}-{arm}")
+
+
+def seeds_apart(higher: list[float], lower: list[float]) -> bool:
+    """Non-overlapping seed ranges: every seed of `higher` above every seed of `lower`."""
+    return bool(higher) and bool(lower) and min(higher) > max(lower)
+
+
+def gap_closed(outcome: float, checker: float, arm: float) -> float | None:
+    """The share of the exact checker's gain over outcome-only that `arm` captures: (arm - outcome) /
+    (checker - outcome). None when the checker does not gain (there is no gap to close)."""
+    gain = checker - outcome
+    return (arm - outcome) / gain if gain > 0 else None
+
+
+def steps_to_reach(runs: list[dict], level: float, window: int) -> list[int | None]:
+    """Sample efficiency, per seed: the first RL step at which the `window`-step moving average of the
+    training reward reaches `level` (e.g. outcome-only's final moving average); full windows only."""
+    out = []
+    for curve in moving_average(series(runs, "reward"), window):
+        hit = first_step_reaching(curve[window - 1:], level)
+        out.append(hit + window - 1 if hit else None)
+    return out
+
+
+def credit_report(setting: str, arms: list[str], runs: dict, window: int) -> tuple[str, dict]:
+    """The Markdown table of one dial setting and its numbers (mean [min, max] over seeds)."""
+    stats = {}
+    for arm in arms:
+        rs = runs[arm]
+        stats[arm] = {"seeds": [r["config"]["seed"] for r in rs],
+                      "start_sampled": [r["summary"]["start_sampled_accuracy"] for r in rs],
+                      "end_sampled": [r["summary"]["end_sampled_accuracy"] for r in rs],
+                      "end_greedy": [r["summary"]["end_accuracy"] for r in rs],
+                      "start_greedy": [r["summary"]["start_accuracy"] for r in rs],
+                      "reward_last": [float(np.mean(c[-window:])) for c in series(rs, "reward")],
+                      "mixed_groups": [float(np.nanmean(c)) for c in series(rs, "mixed_groups")],
+                      "prm_accuracy_last": [_nanmean(c[-window:]) for c in series(rs, "prm_accuracy")],
+                      "localization_last": [_nanmean(c[-window:]) for c in series(rs, "prm_localization")]}
+    lines = [f"| arm | seeds | held-out sampled, start -> end | greedy, start -> end | training reward, last {window} | "
+             f"mixed groups / step | PRM acc. / localisation, last {window} | steps to reach the baseline's final "
+             "reward | gain over outcome-only (seeds apart?) | share of the checker's gain |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for arm in arms:
+        st, spec = stats[arm], CREDIT_ARMS[arm]
+        base, check = stats.get(spec["baseline"]), stats.get(spec["checker"])
+        gain = share = reach = "n/a"
+        if base is not None and arm != spec["baseline"]:
+            diff = np.mean(st["end_sampled"]) - np.mean(base["end_sampled"])
+            apart = ("yes" if seeds_apart(st["end_sampled"], base["end_sampled"]) else
+                     "yes, below" if seeds_apart(base["end_sampled"], st["end_sampled"]) else "no")
+            gain = f"{diff:+.3f} ({apart})"
+            level = float(np.mean([moving_average(series([r], "reward"), window)[0][-1] for r in runs[spec["baseline"]]]))
+            reach = ", ".join(str(x) if x else "never" for x in steps_to_reach(runs[arm], level, window))
+            if check is not None and arm != spec["checker"]:
+                closed = gap_closed(np.mean(base["end_sampled"]), np.mean(check["end_sampled"]), np.mean(st["end_sampled"]))
+                share = "no gap" if closed is None else f"{closed:.2f}"
+        lines.append(f"| {CREDIT_LABELS[arm]} | {len(st['seeds'])} | {np.mean(st['start_sampled']):.3f} -> "
+                     f"{fmt(st['end_sampled'])} | {np.mean(st['start_greedy']):.2f} -> {fmt(st['end_greedy'], 2)} | "
+                     f"{fmt(st['reward_last'])} | {fmt(st['mixed_groups'], 1)} | {fmt(st['prm_accuracy_last'], 2)} / "
+                     f"{fmt(st['localization_last'], 2)} | {reach} | {gain} | {share} |")
+    return "\n".join(lines), stats
+
+
+def credit_plot(setting: str, arms: list[str], runs: dict, figures: Path, window: int) -> Path:
+    """Training reward and held-out sampled accuracy of every arm of one setting (band: min..max over seeds)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
+    for i, arm in enumerate(arms):
+        style = dict(color=f"C{i % 10}", ls="-" if i < 10 else "--", label=CREDIT_LABELS[arm])
+        x = moving_average(series(runs[arm], "reward"), window)
+        steps = np.arange(1, x.shape[1] + 1)
+        axes[0].plot(steps, np.nanmean(x, 0), **style)
+        axes[0].fill_between(steps, np.nanmin(x, 0), np.nanmax(x, 0), color=style["color"], alpha=0.12)
+        ends = [r["summary"]["end_sampled_accuracy"] for r in runs[arm]]
+        start = np.mean([r["summary"]["start_sampled_accuracy"] for r in runs[arm]])
+        axes[1].errorbar([i], [np.mean(ends)], yerr=[[np.mean(ends) - min(ends)], [max(ends) - np.mean(ends)]],
+                         fmt="o", color=style["color"], capsize=4)
+        axes[1].scatter([i], [start], marker="_", s=200, color="grey")
+    axes[0].set_title(f"{setting}: training reward ({window}-step moving average; band = min..max over seeds)",
+                      fontsize=9)
+    axes[0].set_xlabel("RL step")
+    axes[0].legend(fontsize=7)
+    axes[1].set_xticks(range(len(arms)), [CREDIT_LABELS[a] for a in arms], rotation=35, ha="right", fontsize=7)
+    axes[1].set_title(f"{setting}: held-out sampled accuracy at the end (dot: mean, bar: min..max over seeds; "
+                      "grey: start)", fontsize=9)
+    fig.tight_layout()
+    figures.mkdir(parents=True, exist_ok=True)
+    path = figures / f"credit-{setting}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_arm(arm: str, seed: int, args, threads: int, flags: list[str] | None = None) -> Path:
+    """One train.py run, runs/repro/<arm>-s<seed>/; skipped if finished, resumed if checkpointed."""
     name = f"{arm}-s{seed}"
     run_dir = Path(args.out) / name
     if (run_dir / "summary.json").exists() and "end_accuracy" in json.loads((run_dir / "summary.json").read_text()):
         return run_dir
     cmd = [sys.executable, str(REPO / "train.py"), "--run-name", name, "--out-dir", args.out, "--seed", str(seed),
-           "--steps", str(args.steps), "--cache-dir", args.cache_dir, *ARMS[arm], *args.train_args]
+           "--steps", str(args.steps), "--cache-dir", args.cache_dir, *(ARMS[arm] if flags is None else flags),
+           *args.train_args]
     if (run_dir / "checkpoint" / "state.pt").exists():
         cmd.append("--resume")
     elif run_dir.exists():  # started but never checkpointed: start again
@@ -195,7 +369,8 @@ def plot(comparison: str, arms: list[str], runs: dict, figures: Path, window: in
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("comparison", choices=[*COMPARISONS, "all"])
+    parser.add_argument("comparison", choices=[*COMPARISONS, "credit", "all"],
+                        help="a comparison, the credit-assignment study, or all five comparisons")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=100, help="RL steps of every run")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
@@ -204,23 +379,25 @@ def main(argv=None):
     parser.add_argument("--figures", default="docs/figures", help="where the plots and results.json go")
     parser.add_argument("--window", type=int, default=20, help="steps averaged for 'first'/'last' and the curves")
     parser.add_argument("--report-only", action="store_true", help="only plots and tables from finished runs")
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS),
+                        help="credit: the dial settings (default: all)")
+    parser.add_argument("--arms", nargs="+", choices=list(CREDIT_ARMS),
+                        help="credit: run these arms in every chosen setting (default: CREDIT's arms per setting)")
     args, args.train_args = parser.parse_known_args(argv)  # anything else goes to every train.py run
     for flag, value in (("--steps", args.steps), ("--jobs", args.jobs), ("--window", args.window)):
         if value < 1:
             parser.error(f"{flag} {value}: must be >= 1")
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once")
+    if args.comparison == "credit":
+        return credit_main(args)
     if not args.report_only:  # a bad train.py flag fails now (exit 2), before the SFT or any run
         task = train_config(args.train_args + ["--steps", str(args.steps)])
 
     names = list(COMPARISONS) if args.comparison == "all" else [args.comparison]
     arms = list(dict.fromkeys(a for n in names for a in COMPARISONS[n]))
     if not args.report_only:
-        # The SFT checkpoint first, once (every run would otherwise race to build it).
-        subprocess.run([sys.executable, "-c", "import sys, toy_task; from pathlib import Path; "
-                        f"toy_task.sft_checkpoint(Path({args.cache_dir!r}), int(sys.argv[1]), "
-                        "ops=toy_task.parse_ops(sys.argv[2]), slip=float(sys.argv[3]))",
-                        str(task.sft_steps), task.toy_ops, str(task.toy_slip)], check=True, cwd=REPO)
+        build_sft(task, args.cache_dir)
         jobs = [(arm, seed) for seed in args.seeds for arm in arms]
         threads = max(1, (os.cpu_count() or 1) // args.jobs)
         t = time.time()
@@ -256,6 +433,54 @@ def main(argv=None):
     tmp = figures / "results.json.tmp"
     tmp.write_text(json.dumps(old, indent=1))
     os.replace(tmp, figures / "results.json")
+
+
+def credit_main(args) -> None:
+    """`reproduce.py credit`: run the study's missing runs, then a table and a plot per dial setting."""
+    plan = credit_runs(args.settings, args.arms)
+    if not args.report_only:
+        configs = {(s, a): train_config([*args.train_args, *flags, "--steps", str(args.steps)]) for s, a, flags in plan}
+        for setting in args.settings:  # each setting's SFT checkpoint first, once
+            build_sft(configs[next((s, a) for s, a, _ in plan if s == setting)], args.cache_dir)
+        jobs = [(credit_run_name(s, a), seed, flags) for seed in args.seeds for s, a, flags in plan]
+        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        t = time.time()
+        print(f"{len(jobs)} runs ({len(plan)} setting x arm pairs x {len(args.seeds)} seeds), {args.jobs} at a time",
+              flush=True)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(lambda job: run_arm(job[0], job[1], args, threads, job[2]), jobs))
+        print(f"all runs finished in {(time.time() - t) / 60:.1f} min", flush=True)
+    figures = Path(args.figures)
+    path = figures / "credit.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    for setting in args.settings:
+        runs = {}
+        for arm in dict.fromkeys(a for s, a, _ in plan if s == setting):
+            done = [Path(args.out) / f"{credit_run_name(setting, arm)}-s{seed}" for seed in args.seeds]
+            runs[arm] = [load(d) for d in done if (d / "summary.json").exists()
+                         and "end_accuracy" in json.loads((d / "summary.json").read_text())]
+            if 0 < len(runs[arm]) < len(args.seeds):
+                print(f"warning: {setting} {arm}: {len(runs[arm])} of {len(args.seeds)} seeds finished")
+        arms = [a for a in runs if runs[a]]
+        if not arms:
+            continue
+        text, stats = credit_report(setting, arms, runs, args.window)
+        plot_path = credit_plot(setting, arms, runs, figures, args.window)
+        print(f"\n## credit: {setting} ({' '.join(SETTINGS[setting]) or 'the default task'}; {plot_path})\n")
+        print(text)
+        results[setting] = {**results.get(setting, {}), **stats}
+    figures.mkdir(parents=True, exist_ok=True)
+    tmp = figures / "credit.json.tmp"
+    tmp.write_text(json.dumps(results, indent=1))
+    os.replace(tmp, path)
+
+
+def build_sft(task, cache_dir: str) -> None:
+    """The embedded SFT checkpoint of a configuration, once, before any run (the runs would race)."""
+    subprocess.run([sys.executable, "-c", "import sys, toy_task; from pathlib import Path; "
+                    f"toy_task.sft_checkpoint(Path({cache_dir!r}), int(sys.argv[1]), "
+                    "ops=toy_task.parse_ops(sys.argv[2]), slip=float(sys.argv[3]))",
+                    str(task.sft_steps), task.toy_ops, str(task.toy_slip)], check=True, cwd=REPO)
 
 
 def train_config(train_args: list[str]):

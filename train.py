@@ -122,6 +122,8 @@ class Args:
     """update the implicit PRM during RL; --no-prm-online with --prm-warmup-steps N is the offline PRM of Fig. 5"""
     prm_warmup_steps: int = 0
     """before RL, train the implicit PRM on this many batches of the starting policy's rollouts"""
+    prm_groups: str = "kept"
+    """which groups the implicit PRM learns from: 'kept' (every group the filter keeps, as the paper) or 'mixed' (only groups with both right and wrong responses, whose labels contrast); its rewards reach every kept group either way"""
     teacher: str = ""
     """--process opd/gopd: a frozen causal LM on the policy's tokenizer; empty = the embedded toy teacher (a longer SFT)"""
     teacher_sft_steps: int = 1500
@@ -214,7 +216,7 @@ CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass"), rlo
                process=("implicit", "opd", "gopd", "step", "none"), task=("math", "qa"),
                pass_preset=("math", "qa", "v1"),
                process_norm=("batch", "beta"), reference=("sft", "policy"), prm_update=("after", "before"),
-               prm_loss=("ce", "dpo"), rollout=("hf", "vllm"), preset=("", "paper", "1.5b"))
+               prm_loss=("ce", "dpo"), prm_groups=("kept", "mixed"), rollout=("hf", "vllm"), preset=("", "paper", "1.5b"))
 
 
 def parse_args(argv=None) -> Args:
@@ -697,19 +699,50 @@ def verify_rollouts(sampler, ro: Rollout, tasks: list[Task], args: Args):
 
 
 def filter_groups(outcome, ro: Rollout, args: Args):
-    """Sec. 3.4's online filter: (rows to train on, kept groups, rows that carry gradient).
+    """Sec. 3.4's online filter: (rows to train on, kept groups, rows that carry gradient, rows the
+    implicit PRM learns from).
 
     Keeps whole groups with low <= mean accuracy <= high (and, with --filter-truncated, none of its
     responses cut at max_response_len). When nothing is kept, the first group stays as a placeholder
-    (with zero rows of gradient) so that this rank can still run zero-weight passes under DDP."""
+    (with zero rows of gradient) so that this rank can still run zero-weight passes under DDP.
+    With --prm-groups mixed the kept groups are reordered, mixed ones (some right, some wrong) first,
+    and the PRM learns from those rows only: a group whose labels are all equal teaches it no
+    contrast, only to shift every reward of the group (with the filter off, mostly down)."""
     keep = prime.keep_groups(outcome, args.n_samples, args.filter_low, args.filter_high)
     if args.filter_truncated:
         keep &= ~ro.truncated.view(-1, args.n_samples).any(-1)
-    rows = keep.repeat_interleave(args.n_samples).nonzero().squeeze(-1)
-    n_kept_groups, n_train = int(keep.sum()), len(rows)
+    groups = keep.nonzero().squeeze(-1)
+    n_prm_groups = len(groups)
+    if args.prm_groups == "mixed":
+        mixed = mixed_groups(outcome, args.n_samples)[groups]
+        groups = torch.cat([groups[mixed], groups[~mixed]])  # stable: mixed first, each part in order
+        n_prm_groups = int(mixed.sum())
+    rows = (groups[:, None] * args.n_samples + torch.arange(args.n_samples)).reshape(-1)
+    n_kept_groups, n_train = len(groups), len(rows)
     if n_kept_groups == 0:
         rows = torch.arange(args.n_samples)
-    return rows, n_kept_groups, n_train
+    return rows, n_kept_groups, n_train, n_prm_groups * args.n_samples
+
+
+def pairwise_accuracy_sum(sequence_score, outcome, n_train: int, args: Args) -> list[float]:
+    """[the PRM's pairwise accuracy summed over the mixed groups among the first n_train rows, their
+    number], to be all-reduced over ranks. Only mixed groups count: a group whose labels are all equal
+    scores 0.5 in prime.prm_pairwise_accuracy whatever the PRM does, so with the filter off (many
+    all-wrong groups) a mean over every group would sit near 0.5 and hide what the PRM learned."""
+    if args.process == "none" or n_train == 0:
+        return [0.0, 0]
+    mixed = mixed_groups(outcome[:n_train], args.n_samples)
+    if not mixed.any():
+        return [0.0, 0]
+    rows = mixed.repeat_interleave(args.n_samples)
+    acc = prime.prm_pairwise_accuracy(sequence_score[:n_train][rows], outcome[:n_train][rows], args.n_samples)
+    return [acc.item() * int(mixed.sum()), int(mixed.sum())]
+
+
+def mixed_groups(outcome, n_samples: int) -> torch.Tensor:
+    """(B,) outcomes -> (G,) bool: the groups whose responses do not all have the same outcome."""
+    grouped = outcome.view(-1, n_samples)
+    return grouped.max(-1).values > grouped.min(-1).values
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -718,16 +751,22 @@ def filter_groups(outcome, ro: Rollout, args: Args):
 
 
 def implicit_prm_step(prm, prm_opt, batch: Rollout, logp_ref, mask, outcome, n_train: int, args: Args,
-                      d: Dist, update: bool):
+                      d: Dist, update: bool, n_prm: int | None = None):
     """Implicit process rewards log(pi_phi / pi_ref) per token (B, R), and the PRM's CE (or DPO) update.
 
     Single forward (--prm-update after, the paper run): the rewards come from the same forward pass
     as the PRM loss, before its optimizer step. Double forward (before): update first, then a fresh
-    forward with the updated PRM. With update=False (an offline, frozen PRM) only the forward runs."""
+    forward with the updated PRM. With update=False (an offline, frozen PRM) only the forward runs.
+    The PRM learns from the first `n_prm` rows (default all n_train; fewer with --prm-groups mixed);
+    the rest of the n_train rows get their rewards from a gradient-free forward of the same PRM."""
     if not update:
         return prime.implicit_process_reward(logprobs_no_grad(unwrap(prm), batch, args.micro_batch_size),
                                              logp_ref, mask, 1.0), []
+    n_prm = n_train if n_prm is None else n_prm
     logp_prm_store = torch.zeros_like(mask)
+    if n_prm < n_train:  # rows the PRM does not learn from: rewards from the pre-update PRM too
+        logp_prm_store[n_prm:n_train] = logprobs_no_grad(unwrap(prm), batch.select(slice(n_prm, n_train)),
+                                                         args.micro_batch_size)
 
     def prm_loss_fn(s, weight):
         logp_prm = response_logprobs(prm, batch.select(s))
@@ -737,14 +776,14 @@ def implicit_prm_step(prm, prm_opt, batch: Rollout, logp_ref, mask, outcome, n_t
             return prime.prm_ce_loss(logp_prm, logp_ref[s], mask[s], outcome[s], args.beta)
         return prime.prm_dpo_loss(logp_prm, logp_ref[s], mask[s], outcome[s], args.beta, args.n_samples)
 
-    losses = run_update(prm, prm_opt, prm_loss_fn, n_train, args, d, args.prm_grad_clip)
+    losses = run_update(prm, prm_opt, prm_loss_fn, n_prm, args, d, args.prm_grad_clip)
     if args.prm_update == "before":  # double forward: rewards from the updated PRM
         logp_prm_store = logprobs_no_grad(unwrap(prm), batch, args.micro_batch_size)
     return prime.implicit_process_reward(logp_prm_store, logp_ref, mask, 1.0), losses
 
 
 def process_signal(args: Args, batch: Rollout, mask, responses, questions, outcome, logp_old, logp_ref,
-                   n_train: int, prm, prm_opt, teacher, step_scorer, tokenizer, d: Dist):
+                   n_train: int, prm, prm_opt, teacher, step_scorer, tokenizer, d: Dist, n_prm: int | None = None):
     """The raw process signal of --process, before any scaling: (signal (B, R), sequence score (B,)
     for the pairwise-accuracy diagnostic, step ids (B, R) or None, PRM losses).
 
@@ -758,7 +797,7 @@ def process_signal(args: Args, batch: Rollout, mask, responses, questions, outco
     step_ids, losses = None, []
     if args.process == "implicit":
         signal, losses = implicit_prm_step(prm, prm_opt, batch, logp_ref, mask, outcome, n_train, args, d,
-                                           update=args.prm_online)
+                                           update=args.prm_online, n_prm=n_prm)
     elif args.process in ("opd", "gopd"):
         logp_teacher = logprobs_no_grad(teacher, batch, args.micro_batch_size)
         if args.process == "opd":
@@ -803,14 +842,14 @@ def warmup_prm(args: Args, prm, prm_opt, sampler, reference, tokenizer, train_ta
         tasks = step_prompts(args, train_tasks, tokenizer, -1 - i, d)
         ro = sampler.generate([task.prompt_ids for task in tasks], n=args.n_samples)
         _, _, outcome = verify_rollouts(sampler, ro, tasks, args)
-        rows, n_kept_groups, n_train = filter_groups(outcome, ro, args)
+        rows, n_kept_groups, n_train, n_prm = filter_groups(outcome, ro, args)
         batch, outcome = ro.select(rows), outcome[rows].to(d.device)
         mask = batch.response_mask.to(d.device).float()
         logp_ref = logprobs_no_grad(reference, batch, args.micro_batch_size)
-        log_ratio, _ = implicit_prm_step(prm, prm_opt, batch, logp_ref, mask, outcome, n_train, args, d, update=True)
-        acc = prime.prm_pairwise_accuracy(log_ratio.sum(-1), outcome, args.n_samples).item() if n_train else 0.5
-        accuracies.append(all_reduce([acc * n_kept_groups, n_kept_groups], d))
-    return [a / max(n, 1) for a, n in accuracies]
+        log_ratio, _ = implicit_prm_step(prm, prm_opt, batch, logp_ref, mask, outcome, n_train, args, d,
+                                         update=True, n_prm=n_prm)
+        accuracies.append(all_reduce(pairwise_accuracy_sum(log_ratio.sum(-1), outcome, n_train, args), d))
+    return [a / n if n else float("nan") for a, n in accuracies]  # NaN: a batch without a mixed group
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1051,7 +1090,7 @@ def main(argv=None):
         warmup = warmup_prm(args, prm, prm_opt, sampler, reference if reference is not None else unwrap(policy),
                             tokenizer, train_tasks, d)
         print0(d, f"PRM warmup ({args.prm_warmup_steps} batches of the starting policy's rollouts): pairwise "
-                  f"accuracy before each update, first 5 {np.mean(warmup[:5]):.2f}, last 5 {np.mean(warmup[-5:]):.2f}")
+                  f"accuracy before each update, first 5 {np.nanmean(warmup[:5]):.2f}, last 5 {np.nanmean(warmup[-5:]):.2f}")
 
     from tqdm import tqdm
     wall_start = time.time()
@@ -1074,7 +1113,7 @@ def main(argv=None):
         times["verify"] = time.time() - t
 
         # 3. Online prompt filter: keep groups with low <= mean accuracy <= high ------------------
-        rows, n_kept_groups, n_train = filter_groups(outcome, ro, args)
+        rows, n_kept_groups, n_train, n_prm = filter_groups(outcome, ro, args)
         batch, batch_outcome = ro.select(rows), outcome[rows].to(d.device)
         mask = batch.response_mask.to(d.device).float()
 
@@ -1092,10 +1131,8 @@ def main(argv=None):
         questions = [tasks[i // args.n_samples].text for i in rows.tolist()]
         signal, sequence_score, step_ids, prm_losses = process_signal(
             args, batch, mask, [texts[i] for i in rows.tolist()], questions, batch_outcome, logp_old, logp_ref, n_train,
-            prm, prm_opt, teacher, step_scorer, tokenizer, d)
-        prm_accuracy = (prime.prm_pairwise_accuracy(sequence_score, batch_outcome, args.n_samples).item()
-                        if args.process != "none" else 0.0)
-        prm_accuracy_sum = prm_accuracy * n_kept_groups  # weighted by groups, so ranks average right
+            prm, prm_opt, teacher, step_scorer, tokenizer, d, n_prm=n_prm)
+        prm_accuracy_sum = pairwise_accuracy_sum(sequence_score, batch_outcome, n_train, args)
         # Does the process signal blame the first wrong step? (embedded task: the exact checker knows it)
         step_ids_toy, first_wrong = toy_steps(args, batch, [texts[i] for i in rows.tolist()], questions, tokenizer)
         localization = (0, 0)
@@ -1141,8 +1178,9 @@ def main(argv=None):
         # 7. Log and checkpoint ----------------------------------------------------------------
         sums = all_reduce([outcome.sum().item(), len(outcome), n_kept_groups, len(tasks),
                            ro.response_mask.sum().item(), float(ro.truncated.sum()),
-                           sum(s.format for s in scores), prm_accuracy_sum, sum(prm_losses), len(prm_losses),
-                           sum(policy_losses), len(policy_losses), *localization], d)
+                           sum(s.format for s in scores), *prm_accuracy_sum, sum(prm_losses), len(prm_losses),
+                           sum(policy_losses), len(policy_losses), *localization,
+                           int(mixed_groups(outcome, args.n_samples).sum())], d)
         kept_per_rank = all_reduce([n_kept_groups if r == d.rank else 0 for r in range(d.world)], d)
         metrics = {
             "step": step + 1,
@@ -1152,11 +1190,12 @@ def main(argv=None):
             "response_length": sums[4] / sums[1],
             "truncated_fraction": sums[5] / sums[1],
             "format": sums[6] / sums[1],
-            "prm_accuracy": sums[7] / sums[2] if sums[2] and args.process != "none" else None,  # kept groups
-            "prm_loss": sums[8] / max(sums[9], 1),
-            "policy_loss": sums[10] / max(sums[11], 1),
+            "mixed_groups": int(sums[15]),  # of all sampled groups: some responses right, some wrong
+            "prm_accuracy": sums[7] / sums[8] if sums[8] and args.process != "none" else None,  # mixed kept groups
+            "prm_loss": sums[9] / max(sums[10], 1),
+            "policy_loss": sums[11] / max(sums[12], 1),
             "process_reward_abs_mean": prime.masked_mean(process.abs(), mask).item(),
-            "prm_localization": sums[12] / sums[13] if sums[13] else None,  # share of wrong responses
+            "prm_localization": sums[13] / sums[14] if sums[14] else None,  # share of wrong responses
         }
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
             held = heldout_metrics(policy, tokenizer, eval_tasks, args, d)

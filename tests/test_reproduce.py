@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import reproduce
 
@@ -43,3 +44,54 @@ def test_one_comparison_end_to_end(cache_dir, tmp_path):
     # a second call finds the runs finished and only redraws
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert again.returncode == 0 and "done in" not in again.stdout
+
+
+def test_credit_arithmetic_by_hand():
+    assert reproduce.seeds_apart([0.5, 0.6], [0.3, 0.49])
+    assert not reproduce.seeds_apart([0.5, 0.6], [0.3, 0.5])  # a tie overlaps
+    assert not reproduce.seeds_apart([], [0.1]) and not reproduce.seeds_apart([0.5], [])
+    # outcome 0.2, checker 0.6 (gain 0.4), arm 0.4: half the gain; below outcome-only: negative
+    assert reproduce.gap_closed(0.2, 0.6, 0.4) == pytest.approx(0.5)
+    assert reproduce.gap_closed(0.2, 0.6, 0.1) == pytest.approx(-0.25)
+    assert reproduce.gap_closed(0.5, 0.5, 0.7) is None and reproduce.gap_closed(0.5, 0.4, 0.7) is None
+
+
+def fake_run(seed, rewards, end_sampled, start_sampled=0.1):
+    metrics = [{"reward": r, "mixed_groups": 4, "prm_accuracy": None, "prm_localization": None} for r in rewards]
+    return {"metrics": metrics, "config": {"seed": seed},
+            "summary": {"start_sampled_accuracy": start_sampled, "end_sampled_accuracy": end_sampled,
+                        "start_accuracy": 0.5, "end_accuracy": 0.5}}
+
+
+def test_steps_to_reach_uses_full_windows_only():
+    # window 2: moving averages [0.8 (one value, not full), 0.45, 0.2, 0.5, 0.7]
+    run = fake_run(1, [0.8, 0.1, 0.3, 0.7, 0.7], 0.5)
+    assert reproduce.steps_to_reach([run], 0.5, 2) == [4]  # step 1's 0.8 is not a full window
+    assert reproduce.steps_to_reach([run], 0.71, 2) == [None]
+
+
+def test_credit_report_reads_gains_against_the_arms_own_baseline_and_checker():
+    runs = {"outcome-nf": [fake_run(s, [0.1] * 4, e) for s, e in ((1, 0.10), (2, 0.12))],
+            "step-nf": [fake_run(s, [0.1, 0.2, 0.3, 0.4], e) for s, e in ((1, 0.30), (2, 0.34))],
+            "implicit-nf-mixed": [fake_run(s, [0.1, 0.1, 0.1, 0.2], e) for s, e in ((1, 0.11), (2, 0.31))]}
+    text, stats = reproduce.credit_report("sparse", list(runs), runs, window=2)
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()[2:]}
+    step = rows[reproduce.CREDIT_LABELS["step-nf"]]
+    # gain 0.32 - 0.11 = +0.21, seeds apart (0.30 > 0.12); outcome's final 2-step mean 0.1 is reached at step 2
+    assert "+0.210 (yes)" in step and "| 2, 2 |" in step
+    implicit = rows[reproduce.CREDIT_LABELS["implicit-nf-mixed"]]
+    # gain 0.21 - 0.11 = +0.100, seeds overlap (0.11 < 0.12); share of the checker's gain 0.10 / 0.21 = 0.48
+    assert "+0.100 (no)" in implicit and "| 0.48 |" in implicit
+    assert stats["step-nf"]["end_sampled"] == [0.30, 0.34]
+
+
+def test_credit_arms_are_complete_and_shared_runs_keep_their_names():
+    for arm, spec in reproduce.CREDIT_ARMS.items():
+        assert arm in reproduce.CREDIT_LABELS and spec["baseline"] in reproduce.CREDIT_ARMS
+        assert spec["checker"] in reproduce.CREDIT_ARMS
+    assert all(set(arms) <= set(reproduce.CREDIT_ARMS) for arms in reproduce.CREDIT.values())
+    assert reproduce.credit_run_name("default", "outcome") == "rloo"  # prime-vs-rloo's run, not a second one
+    assert reproduce.credit_run_name("default", "implicit") == "prime"
+    assert reproduce.credit_run_name("sparse", "outcome") == "credit-sparse-outcome"
+    for setting, arm, flags in reproduce.credit_runs(list(reproduce.SETTINGS), None):
+        reproduce.train_config(flags)  # every study run's flags parse and pass train.check_args

@@ -235,7 +235,7 @@ TEACHER = ["--teacher-sft-steps", "100"]
     ["--process", "opd", *TEACHER], ["--process", "gopd", "--estimator", "pass", *TEACHER],
     ["--process", "step"], ["--process", "step", "--process-norm", "beta", "--estimator", "grpo"],
     ["--process", "step", "--estimator", "pass", "--pass-preset", "v1"],
-    ["--dual-clip", "3", "--temperature", "0.7"],
+    ["--dual-clip", "3", "--temperature", "0.7"], ["--prm-groups", "mixed"],
 ], ids=lambda f: " ".join(f))
 def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
     """Each option the paper studies, one real step in-process (the verifier pool is shared)."""
@@ -251,7 +251,8 @@ def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
     kept = [m for m in metrics if m["kept_groups"] > 0]
     assert kept or "--filter-truncated" in flags
     if args.process == "implicit" and args.prm_online:  # the PRM trained whenever the filter kept something
-        assert all(m["prm_loss"] > 0 for m in kept)
+        assert all(m["prm_loss"] > 0 for m in kept if args.prm_groups == "kept" or m["mixed_groups"])
+        assert all(m["prm_loss"] == 0 for m in kept if args.prm_groups == "mixed" and not m["mixed_groups"])
     else:  # no PRM update: no PRM loss
         assert all(m["prm_loss"] == 0 for m in metrics)
     if args.process == "none":
@@ -326,3 +327,74 @@ def test_progress_bar_names_what_runs():
     assert train.run_label(train.Args()) == "PRIME"
     assert train.run_label(train.Args(process="none")) == "RLOO + outcome only"
     assert train.run_label(train.Args(estimator="pass", process="step")) == "PASS + step PRM"
+
+
+def test_filter_groups_puts_mixed_groups_first_for_the_prm():
+    """--prm-groups mixed: kept groups reordered mixed-first (each part in order); the PRM's rows are
+    the mixed ones. K = 2, groups: 0 all wrong, 1 mixed, 2 all right, 3 mixed."""
+    from types import SimpleNamespace
+    outcome = torch.tensor([0., 0., 1., 0., 1., 1., 0., 1.])
+    ro = SimpleNamespace(truncated=torch.zeros(8, dtype=torch.bool))
+    args = train.parse_args(["--n-samples", "2", "--filter-low", "0", "--filter-high", "1", "--prm-groups", "mixed"])
+    rows, n_groups, n_train, n_prm = train.filter_groups(outcome, ro, args)
+    assert rows.tolist() == [2, 3, 6, 7, 0, 1, 4, 5] and (n_groups, n_train, n_prm) == (4, 8, 4)
+    args.prm_groups = "kept"  # the paper: every kept group, in order
+    rows, n_groups, n_train, n_prm = train.filter_groups(outcome, ro, args)
+    assert rows.tolist() == list(range(8)) and (n_groups, n_train, n_prm) == (4, 8, 8)
+    args.filter_low, args.filter_high = 0.2, 0.8  # the filter keeps the mixed groups only
+    rows, n_groups, n_train, n_prm = train.filter_groups(outcome, ro, args)
+    assert rows.tolist() == [2, 3, 6, 7] and (n_groups, n_train, n_prm) == (2, 4, 4)
+    rows, n_groups, n_train, n_prm = train.filter_groups(torch.zeros(8), ro, args)  # nothing kept: placeholder
+    assert rows.tolist() == [0, 1] and (n_groups, n_train, n_prm) == (0, 0, 0)
+    assert train.mixed_groups(torch.tensor([0.5, 0.5, 0.5, 1.0]), 2).tolist() == [False, True]  # soft labels
+
+
+def test_pairwise_accuracy_counts_the_mixed_groups_only():
+    """An all-wrong group scores 0.5 in prime.prm_pairwise_accuracy whatever the scores; the logged
+    accuracy leaves it out. K = 2: group 0 mixed and ranked right (1.0), group 1 all wrong."""
+    args = train.parse_args(["--n-samples", "2"])
+    score, outcome = torch.tensor([2.0, -1.0, 5.0, -5.0]), torch.tensor([1.0, 0.0, 0.0, 0.0])
+    assert train.pairwise_accuracy_sum(score, outcome, 4, args) == [1.0, 1]
+    assert train.pairwise_accuracy_sum(score, outcome, 2, args) == [1.0, 1]  # rows past n_train ignored
+    score[:2] = torch.tensor([-1.0, 2.0])  # ranked wrong
+    assert train.pairwise_accuracy_sum(score, outcome, 4, args) == [0.0, 1]
+    assert train.pairwise_accuracy_sum(score, torch.zeros(4), 4, args) == [0.0, 0]  # no mixed group: no count
+    args.process = "none"
+    assert train.pairwise_accuracy_sum(score, outcome, 4, args) == [0.0, 0]
+
+
+def test_prm_learns_from_its_rows_only_and_rewards_the_rest_from_the_same_prm(cache_dir):
+    """implicit_prm_step with n_prm < n_train: the PRM's update equals an update on the first n_prm
+    rows alone, and the other rows' rewards are the pre-update PRM's log-ratio."""
+    path = toy_task.sft_checkpoint(cache_dir, SFT_STEPS)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    torch.manual_seed(0)
+    sampler = HFRollout(ref, tokenizer, max_new_tokens=24)
+    ro = sampler.generate([tokenizer(p.prompt)["input_ids"] for p in toy_task.make_problems(3, seed=7)], n=2)
+    mask = ro.response_mask.float()
+    outcome = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    args = train.parse_args(["--n-samples", "2", "--micro-batch-size", "2"])
+    logp_ref = train.logprobs_no_grad(ref, ro, 8)
+    d = train.Dist(device=torch.device("cpu"))
+
+    def fresh():  # a PRM that has moved off the reference (the same way each time): non-zero rewards
+        prm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in prm.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=gen))
+        return prm, torch.optim.AdamW(prm.parameters(), lr=1e-3)
+
+    prm, opt = fresh()
+    before = train.logprobs_no_grad(prm, ro, 8)
+    rewards, losses = train.implicit_prm_step(prm, opt, ro, logp_ref, mask, outcome, 6, args, d, True, n_prm=2)
+    alone, opt_alone = fresh()
+    first = ro.select(slice(0, 2))
+    train.implicit_prm_step(alone, opt_alone, first, logp_ref[:2], mask[:2], outcome[:2], 2, args, d, True)
+    for a, b in zip(prm.parameters(), alone.parameters()):
+        assert torch.equal(a, b)
+    assert len(losses) == 1 and any(not torch.equal(a, b) for a, b in zip(prm.parameters(), ref.parameters()))
+    expected = (before - logp_ref) * mask
+    assert torch.allclose(rewards, expected, atol=1e-6) and rewards[2:].abs().sum() > 0
