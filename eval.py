@@ -313,7 +313,8 @@ def make_sampler(args, tokenizer, max_new_tokens: int):
 
 
 def evaluate(name: str, items: list[Item], sampler, tokenizer, n: int, greedy: bool,
-             batch_size: int = 256, system_prompt: str = "", seed: int = 0) -> dict:
+             batch_size: int = 256, system_prompt: str = "", seed: int = 0,
+             math_grader: str = "math-verify") -> dict:
     """Generate n responses per problem, score them, return the benchmark's metrics and details.
 
     Metrics (all in [0, 1] except the length):
@@ -343,7 +344,7 @@ def evaluate(name: str, items: list[Item], sampler, tokenizer, n: int, greedy: b
                                        greedy=greedy)
             texts = sampler.decode(rollout)
             scores = verify.score_batch(texts, [item.gold for item in chunk for _ in range(n)],
-                                        ["math"] * len(texts))
+                                        ["math"] * len(texts), math_grader=math_grader)
             for j, item in enumerate(chunk):  # rows j*n .. j*n+n-1 are this problem's samples
                 group = scores[j * n:(j + 1) * n]
                 correct.append(sum(s.reward == 1.0 for s in group))
@@ -616,6 +617,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=256, help="responses per generate call")
     p.add_argument("--system-prompt", default="", help="system message for the chat template, as in training")
     p.add_argument("--seed", type=int, default=0, help="sampling seed, reset before each benchmark")
+    p.add_argument("--math-grader", default="math-verify", choices=verify.MATH_GRADERS,
+                   help="who finds a response's answer: math-verify's own extraction, or 'official' "
+                        "(the last \\boxed{} only, as PRIME's grader)")
     p.add_argument("--rollout", default="hf", choices=("hf",), help="generation backend (vLLM: a later issue)")
     p.add_argument("--out", default="", help="results JSON; default <model>/eval.json (./eval.json for a hub name)")
     p.add_argument("--plot", nargs="+", default=None, metavar="RUN_DIR",
@@ -687,13 +691,15 @@ def main(argv=None) -> dict | Path:
     sampler = make_sampler(args, tokenizer, max_new_tokens)
 
     results = {name: evaluate(name, items[name], sampler, tokenizer, args.n, args.greedy,
-                              args.batch_size, args.system_prompt, args.seed) for name in names}
+                              args.batch_size, args.system_prompt, args.seed, args.math_grader)
+               for name in names}
     report = {
         "model": args.model,
         "settings": {"n": args.n, "greedy": args.greedy,
                      "temperature": None if args.greedy else args.temperature,
                      "top_p": None if args.greedy else args.top_p, "max_new_tokens": max_new_tokens,
                      "limit": args.limit, "seed": args.seed, "rollout": args.rollout,
+                     "math_grader": args.math_grader,
                      "system_prompt": args.system_prompt, "data_dir": str(args.data_dir),
                      "bootstrap_resamples": BOOTSTRAP_RESAMPLES},
         "average_pass@1": float(np.mean([r["pass@1"] for r in results.values()])),

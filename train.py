@@ -78,6 +78,8 @@ class Args:
     """field holding the question (ignored for veRL-schema files, whose `prompt` is chat messages)"""
     answer_key: str = "answer"
     """field holding the gold answer (veRL schema: reward_model.ground_truth)"""
+    math_grader: str = "math-verify"
+    """who finds a math response's answer: 'math-verify' (its own extraction: boxed, several boxes, "final answer is") or 'official' (the last \\boxed{} only, as PRIME's grader)"""
     task: str = "math"
     """what a plain --data row is: 'math' (boxed answer, math-verify) or 'qa' (HotpotQA-style, "Final Answer: ..." exact match)"""
     context_key: str = "context"
@@ -214,6 +216,7 @@ PRESETS = {
 
 CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass"), rloo_form=("official", "paper"),
                process=("implicit", "opd", "gopd", "step", "none"), task=("math", "qa"),
+               math_grader=verify.MATH_GRADERS,
                pass_preset=("math", "qa", "v1"),
                process_norm=("batch", "beta"), reference=("sft", "policy"), prm_update=("after", "before"),
                prm_loss=("ce", "dpo"), prm_groups=("kept", "mixed"), rollout=("hf", "vllm"), preset=("", "paper", "1.5b"))
@@ -471,11 +474,11 @@ def row_to_task(row: dict, index: int, args: Args, tokenizer) -> Task:
     return Task(list(ids), answer, kind, messages[-1]["content"])
 
 
-def check_golds(tasks: list[Task], path: str) -> None:
+def check_golds(tasks: list[Task], path: str, math_grader: str = "math-verify") -> None:
     """Every math gold answer must verify against itself, or every reward for it would be 0."""
     math_tasks = [t for t in tasks if t.kind == "math"][:256]
     scores = verify.score_batch([f"\\boxed{{{t.answer}}}" for t in math_tasks], [t.answer for t in math_tasks],
-                                ["math"] * len(math_tasks))
+                                ["math"] * len(math_tasks), math_grader=math_grader)
     bad = [t.answer for t, s in zip(math_tasks, scores) if s.reward < 1.0]
     if bad:
         raise SystemExit(f"--data {path}: {len(bad)} gold answers do not verify against themselves "
@@ -494,7 +497,7 @@ def load_tasks(args: Args, tokenizer) -> tuple[list[Task], list[Task]]:
     kept = [t for t in tasks if len(t.prompt_ids) <= args.max_prompt_len]
     if len(kept) < len(tasks):
         print(f"warning: dropped {len(tasks) - len(kept)} prompts longer than --max-prompt-len {args.max_prompt_len}")
-    check_golds(kept, args.data)
+    check_golds(kept, args.data, args.math_grader)
     n_eval = min(args.eval_problems, len(kept) // 10)
     return kept[n_eval:], kept[:n_eval]
 
@@ -694,7 +697,8 @@ def verify_rollouts(sampler, ro: Rollout, tasks: list[Task], args: Args):
     """(decoded texts, verify.Score per response, outcome r_o as a (B,) float tensor)."""
     texts = sampler.decode(ro)
     scores = verify.score_batch(texts, [task.answer for task in tasks for _ in range(args.n_samples)],
-                                [task.kind for task in tasks for _ in range(args.n_samples)])
+                                [task.kind for task in tasks for _ in range(args.n_samples)],
+                                math_grader=args.math_grader)
     return texts, scores, torch.tensor([s.reward for s in scores], dtype=torch.float32)
 
 
@@ -954,7 +958,7 @@ def heldout_accuracy(model, tokenizer, tasks: list[Task], args: Args, d: Dist, s
             sampler = HFRollout(unwrap(model), tokenizer, args.max_response_len, args.temperature, args.top_p)
             ro = sampler.generate([t.prompt_ids for t in mine], n=n, greedy=not samples)
         scores = verify.score_batch(sampler.decode(ro), [t.answer for t in mine for _ in range(n)],
-                                    [t.kind for t in mine for _ in range(n)])
+                                    [t.kind for t in mine for _ in range(n)], math_grader=args.math_grader)
         correct = sum(s.reward for s in scores) / n
     total, count = all_reduce([correct, len(mine)], d)
     return total / max(count, 1)

@@ -116,6 +116,7 @@ from multiprocessing.connection import wait as wait_for_readable
 from pathlib import Path
 
 KINDS = ("math", "code", "qa")
+MATH_GRADERS = ("math-verify", "official")  # who finds the answer in a math response (see "Math" below)
 DEFAULT_TIMEOUT = 5.0        # seconds per math/QA item, and per test of a code item
 SOFT_TIMEOUT_FRACTION = 0.8  # the worker interrupts itself at 0.8 * timeout; the parent kills at 1.0
 MAX_ANSWER_CHARS = 1000      # longer boxed answers are not parsed (the longest real gold is 210)
@@ -145,6 +146,7 @@ class Score:
 _BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE = re.compile(r"[{}]")
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
+_FBOX = re.compile(r"\\fbox\s*\{")
 
 
 def _last_box(text: str) -> tuple[str | None, int, str]:
@@ -517,15 +519,36 @@ def _raise_soft_timeout(signum, frame):
     raise _SoftTimeout()
 
 
-def _math_equal(answer: str, gold: str) -> bool:
-    """math-verify: parse both as the content of a box, then verify(gold, answer) (not symmetric)."""
-    from math_verify import LatexExtractionConfig, parse, verify  # only workers import sympy
+def _parse_gold(gold: str):
+    """A gold answer is LaTeX (not a response): parsed as the content of a box."""
+    from math_verify import LatexExtractionConfig, parse  # only workers import sympy
 
-    config = [LatexExtractionConfig(boxed_match_priority=0)]
     # Timeouts None: math-verify's SIGALRM timers are replaced by the worker's own, per item.
-    gold_parsed = parse("\\boxed{" + _clean_latex(gold) + "}", config, parsing_timeout=None)
-    answer_parsed = parse("\\boxed{" + _clean_latex(answer) + "}", config, parsing_timeout=None)
-    return verify(gold_parsed, answer_parsed, timeout_seconds=None)
+    return parse("\\boxed{" + _clean_latex(gold) + "}", [LatexExtractionConfig(boxed_match_priority=0)],
+                 parsing_timeout=None)
+
+
+def _math_equal(answer: str, gold: str) -> bool:
+    """--math-grader official: the extracted answer, parsed as a box's content, against the gold;
+    verify(gold, answer) (not symmetric)."""
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    answer_parsed = parse("\\boxed{" + _clean_latex(answer) + "}", [LatexExtractionConfig(boxed_match_priority=0)],
+                          parsing_timeout=None)
+    return verify(_parse_gold(gold), answer_parsed, timeout_seconds=None)
+
+
+def _math_verify_response(response: str, gold: str) -> tuple[float, str]:
+    """--math-grader math-verify: math-verify reads the whole response with its default extraction
+    targets (LaTeX and plain expressions; boxed answers, "final answer is ..." anchors, several
+    boxes read together as one set), then verify(gold, answer)."""
+    from math_verify import parse, verify
+
+    # \fbox is the official grader's other box; math-verify knows only \boxed
+    answer_parsed = parse(_FBOX.sub(r"\\boxed{", response), parsing_timeout=None)
+    if not answer_parsed:
+        return 0.0, "no_answer"
+    return (1.0, "ok") if verify(_parse_gold(gold), answer_parsed, timeout_seconds=None) else (0.0, "wrong")
 
 
 # One answer of each common shape. The LaTeX parser (ANTLR) caches its decisions as it meets new
@@ -545,10 +568,11 @@ def _do_job(job: dict) -> tuple[float, str]:
         return _run_code_tests(job["program"], job["tests"], job["timeout"])
     signal.setitimer(signal.ITIMER_REAL, SOFT_TIMEOUT_FRACTION * job["timeout"])
     try:
-        correct = _math_equal(job["answer"], job["gold"])
+        if "response" in job:  # --math-grader math-verify
+            return _math_verify_response(job["response"], job["gold"])
+        return (1.0, "ok") if _math_equal(job["answer"], job["gold"]) else (0.0, "wrong")
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-    return (1.0, "ok") if correct else (0.0, "wrong")
 
 
 def _worker_main(parent_pid: int) -> None:
@@ -575,6 +599,7 @@ def _worker_main(parent_pid: int) -> None:
 
     for answer_text, gold in _WARM_UP:  # before saying ready: the first real items are not slower
         _math_equal(answer_text, gold)
+        _math_verify_response(f"So the answer is $\\boxed{{{answer_text}}}$.", gold)
     answer({"ready": True})
     for line in sys.stdin.buffer:  # ends when the parent closes our stdin (or dies)
         job = json.loads(line)
@@ -752,13 +777,16 @@ def _run_jobs(jobs: dict[int, dict], n_workers: int) -> dict[int, tuple[float, s
 
 
 def score_batch(responses: list[str], references: list, kinds: list[str], *,
-                timeout: float = DEFAULT_TIMEOUT, workers: int | None = None) -> list[Score]:
+                timeout: float = DEFAULT_TIMEOUT, workers: int | None = None,
+                math_grader: str = "math-verify") -> list[Score]:
     """Score a batch of responses: one Score(reward, format, reason) per response, in order.
 
     `kinds[i]` in {"math", "code", "qa"} says how to read `references[i]` (see the module docstring).
     `timeout`: seconds per math or QA item, and per test of a code item. `workers`: size of the
-    process pool (default: this process's CPUs / LOCAL_WORLD_SIZE). Never raises because of what a
-    response contains; raises ValueError for malformed arguments.
+    process pool (default: this process's CPUs / LOCAL_WORLD_SIZE). `math_grader`: who finds the
+    answer of a math response, "math-verify" (its own extraction) or "official" (the last box only,
+    as PRIME's grader). Never raises because of what a response contains; raises ValueError for
+    malformed arguments.
     """
     if not len(responses) == len(references) == len(kinds):
         raise ValueError(f"responses, references and kinds differ in length: "
@@ -768,6 +796,8 @@ def score_batch(responses: list[str], references: list, kinds: list[str], *,
     workers = _default_workers() if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    if math_grader not in MATH_GRADERS:
+        raise ValueError(f"math_grader must be one of {MATH_GRADERS}, got {math_grader!r}")
 
     scores: list[Score | None] = [None] * len(responses)
     formats, jobs = {}, {}
@@ -782,14 +812,17 @@ def score_batch(responses: list[str], references: list, kinds: list[str], *,
                                  f"got {type(reference).__name__}")
             answer, _, reason = _last_box(response)
             formats[i] = math_format(response)
-            if answer is not None and not answer.strip():
-                answer, reason = None, "empty_boxed"
-            if answer is not None and len(answer) > MAX_ANSWER_CHARS:
-                answer, reason = None, "answer_too_long"
-            if answer is None:
-                scores[i] = Score(0.0, formats[i], reason)
+            if answer is not None and len(answer) > MAX_ANSWER_CHARS:  # both graders: never parsed
+                scores[i] = Score(0.0, formats[i], "answer_too_long")
+            elif math_grader == "math-verify":  # math-verify reads the whole response
+                jobs[i] = {"kind": "math", "response": response, "gold": reference, "timeout": timeout}
             else:
-                jobs[i] = {"kind": "math", "answer": answer, "gold": reference, "timeout": timeout}
+                if answer is not None and not answer.strip():
+                    answer, reason = None, "empty_boxed"
+                if answer is None:
+                    scores[i] = Score(0.0, formats[i], reason)
+                else:
+                    jobs[i] = {"kind": "math", "answer": answer, "gold": reference, "timeout": timeout}
         elif kind == "qa":
             if not (isinstance(reference, str) or (isinstance(reference, list) and reference
                                                    and all(isinstance(a, str) for a in reference))):
@@ -818,9 +851,9 @@ def score_batch(responses: list[str], references: list, kinds: list[str], *,
     return scores
 
 
-def math_reward(response: str, gold: str) -> float:
-    """Outcome reward of one math response: 1.0 if its last boxed answer equals `gold`, else 0.0.
+def math_reward(response: str, gold: str, math_grader: str = "math-verify") -> float:
+    """Outcome reward of one math response: 1.0 if its final answer equals `gold`, else 0.0.
 
     math_reward("... = \\boxed{\\dfrac{1}{2}}", "0.5") -> 1.0
     """
-    return score_batch([response], [gold], ["math"])[0].reward
+    return score_batch([response], [gold], ["math"], math_grader=math_grader)[0].reward

@@ -2,6 +2,8 @@
 
     python bench/bench_verify.py                # 1024 MATH-500 responses, default pool size
     python bench/bench_verify.py --workers 2 --n 1024 --timeout 5
+    python bench/bench_verify.py --math-grader official        # the last-box rule of PRIME's grader
+    python bench/bench_verify.py --reasoning-chars 3000         # longer responses, closer to a real model's
 
 The batch is shaped like a training step (train.py, n_samples = 4): groups of 4 responses to one
 MATH-500 problem (../shared/data/math500/test.jsonl), each a short solution ending in `\\boxed{...}`;
@@ -27,8 +29,13 @@ import verify  # noqa: E402
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def math_batch(n: int, seed: int = 0) -> tuple[list[str], list[str], list[int]]:
-    """n responses, references and expected rewards (1 right / 0 wrong) from MATH-500 golds."""
+REASONING = ("Let $x$ be the unknown. Then $2x + 3 = 11$, so $x = 4$ and $x^2 = 16$; checking, "
+             "$\\frac{16}{4} = 4$ as required. ")
+
+
+def math_batch(n: int, seed: int = 0, reasoning_chars: int = 0) -> tuple[list[str], list[str], list[int]]:
+    """n responses, references and expected rewards (1 right / 0 wrong) from MATH-500 golds, each
+    after `reasoning_chars` characters of reasoning with intermediate values (the grader reads past them)."""
     rows = [json.loads(line) for line in (DATA / "math500" / "test.jsonl").open()]
     golds = [row["answer"] for row in rows]
     rng = random.Random(seed)
@@ -36,7 +43,8 @@ def math_batch(n: int, seed: int = 0) -> tuple[list[str], list[str], list[int]]:
     for i in range(n):
         gold = golds[(i // 4) % len(golds)]  # 4 samples per problem
         boxed = gold if i % 2 == 0 else rng.choice([g for g in golds if g != gold])
-        responses.append(f"We simplify step by step.\nSo the final answer is $\\boxed{{{boxed}}}$.")
+        reasoning = (REASONING * (reasoning_chars // len(REASONING) + 1))[:reasoning_chars]
+        responses.append(f"We simplify step by step. {reasoning}\nSo the final answer is $\\boxed{{{boxed}}}$.")
         references.append(gold)
         expected.append(1 if i % 2 == 0 else 0)
     return responses, references, expected
@@ -59,17 +67,21 @@ def main() -> None:
                         help="pool size (default: verify's, the CPUs this process may use)")
     parser.add_argument("--timeout", type=float, default=verify.DEFAULT_TIMEOUT,
                         help="per-item time limit, seconds")
+    parser.add_argument("--math-grader", default="math-verify", choices=verify.MATH_GRADERS,
+                        help="who finds the answer: math-verify's extraction or the official last-box rule")
+    parser.add_argument("--reasoning-chars", type=int, default=0, help="reasoning text before each answer")
     args = parser.parse_args()
+    grade = dict(workers=args.workers, math_grader=args.math_grader)
+    print(f"math grader: {args.math_grader}; responses of {args.reasoning_chars} + ~60 characters")
 
-    responses, references, expected = math_batch(args.n)
+    responses, references, expected = math_batch(args.n, reasoning_chars=args.reasoning_chars)
     t0 = time.perf_counter()
-    verify.score_batch(responses[:8], references[:8], ["math"] * 8, workers=args.workers)
+    verify.score_batch(responses[:8], references[:8], ["math"] * 8, **grade)
     print(f"pool start + warm-up: {time.perf_counter() - t0:.2f} s")
 
     for n in (128, args.n):
         t0 = time.perf_counter()
-        scores = verify.score_batch(responses[:n], references[:n], ["math"] * n,
-                                    timeout=args.timeout, workers=args.workers)
+        scores = verify.score_batch(responses[:n], references[:n], ["math"] * n, timeout=args.timeout, **grade)
         seconds = time.perf_counter() - t0
         right = [s.reward for s, e in zip(scores, expected) if e == 1]
         wrong = [s.reward for s, e in zip(scores, expected) if e == 0]
@@ -81,18 +93,16 @@ def main() -> None:
     worst = 0.0
     for name, response in HOSTILE.items():
         t0 = time.perf_counter()
-        score = verify.score_batch([response], ["7"], ["math"], timeout=args.timeout,
-                                   workers=args.workers)[0]
+        score = verify.score_batch([response], ["7"], ["math"], timeout=args.timeout, **grade)[0]
         seconds = time.perf_counter() - t0
         worst = max(worst, seconds)
         print(f"hostile {name:24s}: {seconds:5.2f} s  reward {score.reward}  reason {score.reason}")
     # The parent's backstop: a worker that does not answer at all (stuck in C; here SIGSTOPped).
-    verify.score_batch(["\\boxed{1}"], ["1"], ["math"], workers=args.workers)
+    verify.score_batch(["\\boxed{1}"], ["1"], ["math"], **grade)
     for worker in verify._pool:
         os.kill(worker.process.pid, signal.SIGSTOP)
     t0 = time.perf_counter()
-    score = verify.score_batch(["\\boxed{7}"], ["7"], ["math"], timeout=args.timeout,
-                               workers=args.workers)[0]
+    score = verify.score_batch(["\\boxed{7}"], ["7"], ["math"], timeout=args.timeout, **grade)[0]
     seconds = time.perf_counter() - t0
     worst = max(worst, seconds)
     print(f"hostile {'worker stuck (SIGSTOP)':24s}: {seconds:5.2f} s  reward {score.reward}  "
