@@ -4,11 +4,12 @@ The verifier is PRIME's only ground truth: every outcome reward r_o, every impli
 every filter decision comes from here. So it must be right, it must never hang, and nothing a model
 writes may crash the training loop. Public API (train.py, eval.py and the tests use these names):
 
-    score_batch(responses, references, kinds, *, timeout=5.0, workers=None) -> list[Score]
+    score_batch(responses, references, kinds, *, timeout=5.0, workers=None, math_grader="math-verify")
         Score(reward, format, reason): reward in [0, 1] (0/1 for math and QA, the fraction of tests
         passed for code), format 0/1 (a separate channel; PASS fuses it), reason "ok", "wrong",
         "no_boxed", "timeout", "error: ...", ...
-    math_reward(response, gold) -> float            one math item (goes through score_batch)
+        -> list[Score]
+    math_reward(response, gold, math_grader) -> float   one math item (goes through score_batch)
     extract_boxed(text) -> str | None               content of the LAST \\boxed{...} / \\fbox{...}
     squad_normalize / exact_match / f1_score        SQuAD answer normalisation and metrics
     sandbox_mode() -> str                           which code-sandbox defences this machine allows
@@ -29,11 +30,27 @@ References by kind:
 
 Design
 ------
-1. Math: we extract the final answer ourselves (the last `\\boxed{}`/`\\fbox{}`, braces matched, like
-   the official grader), then compare it with the gold using math-verify (PASS's checker): both
-   are parsed as LaTeX (`\\boxed{<answer>}`, LatexExtractionConfig), then `verify(gold, answer)`,
-   which knows numbers, fractions, intervals, tuples, sets, matrices, `\\text{}` and `x=` answers.
+1. Math, two graders (`math_grader`; train.py and eval.py `--math-grader`). The gold is always
+   parsed by math-verify as LaTeX (`\\boxed{<gold>}`, LatexExtractionConfig), and the answer is
+   compared with `verify(gold, answer)`, which knows numbers, fractions, intervals, tuples, sets,
+   matrices, `\\text{}` and `x=` answers. They differ in who finds the answer in the response:
+   - "math-verify" (default): math-verify's own extraction reads the whole response (`parse` with
+     its default targets, LaTeX and plain expressions): a boxed answer, several boxes close
+     together read as one set (`\\boxed{-2} and \\boxed{1}` for the gold `1,-2`), a final answer with
+     no box ("The final answer is $10,455$"). `\\fbox` is read as `\\boxed`. Reason "no_answer" when
+     it finds nothing. A hedge such as `\\boxed{4} no wait \\boxed{5}` reads as {4, 5} and is wrong.
+     A truncated response (last box unclosed) is read too: the last answer math-verify can find
+     counts, which is an intermediate value at best (use --filter-truncated to drop such groups).
+   - "official" (PRIME-RL's rule, for exact fidelity to the paper's runs): only the LAST
+     `\\boxed{}`/`\\fbox{}`, braces matched, is the answer ("no_boxed", "unclosed_boxed",
+     "empty_boxed" otherwise), then parsed as a box's content.
+   On tests/math_equivalence_cases.py (332 labelled cases from public graders' test suites) the
+   math-verify reading agrees with the label on 325 (97.9%), the official rule on 200 (60.2%, most
+   misses are answers outside a box); on the 174 cases with exactly one box both agree on 170.
    No string shortcut: every answer goes through math-verify, so the real-data tests test it.
+   The format channel (PASS's `math_format`) is the same rule under both graders: 1 iff the response
+   has exactly one closed, non-empty box. So under math-verify a right answer in two boxes, or with
+   no box, earns the outcome reward but not the format reward, and PASS's fusion sees both.
 2. Worker pool. math-verify's own timeouts use SIGALRM, which only works in a main thread, and a
    pathological answer (`10^{10^{10^{10}}}`) can keep sympy busy for ever. So every math and code
    item runs in a small pool of persistent worker processes, each a fresh interpreter started with
@@ -79,14 +96,16 @@ Where we differ from the official PRIME math grader (../shared/specs/PRIME.md)
    simplify of the difference, numeric check at 1e-4 relative tolerance with percentage variants).
    math-verify rounds numbers to 6 decimals: 3.1416 != \\pi and 0.33333 != 1/3 here, while the
    official 1e-4 relative tolerance accepts both.
-2. Only a boxed answer counts: no "the answer is ..." fallback, and `\\boxed 5` without braces is
-   not read (reason "no_boxed"). The official grader reads `\\fbox` only when there is no `\\boxed`;
-   we take whichever comes last. As in the official code, if the last box is not closed (a truncated
-   response) there is no answer, even if an earlier box was complete.
+2. Extraction (default "math-verify") is math-verify's, not the official "answer is" / last-box
+   rule; with --math-grader official only a boxed answer counts, with no "the answer is ..."
+   fallback, `\\boxed 5` without braces is not read (reason "no_boxed"), and where the official
+   grader reads `\\fbox` only when there is no `\\boxed` we take whichever comes last. As in the
+   official code, if the last box is not closed (a truncated response) there is no answer, even if
+   an earlier box was complete.
 3. Failures score 0 (the official code scored a global failure 0.5, a bug) and the time limit is
    per item (default 5 s) instead of 1 s per sympy call and 300 s per sample.
-4. An extracted answer longer than MAX_ANSWER_CHARS scores 0 without parsing ("answer_too_long");
-   the longest gold in our benchmarks has 210 characters.
+4. A last box longer than MAX_ANSWER_CHARS scores 0 without parsing ("answer_too_long"), under both
+   graders; the longest gold in our benchmarks has 210 characters.
 5. The format channel is ours (PASS's): exactly one final answer in the expected form.
 QA: PASS's training reward is a case-insensitive exact match with terminal periods stripped; we use
 SQuAD normalisation (also drops punctuation and articles) for training and evaluation alike.

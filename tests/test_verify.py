@@ -170,7 +170,8 @@ def test_near_misses_score_zero():
 def test_math_reward_single_item():
     assert verify.math_reward("so $x = \\boxed{\\dfrac{1}{2}}$", "0.5") == 1.0
     assert verify.math_reward("so $x = \\boxed{\\dfrac{1}{3}}$", "0.5") == 0.0
-    assert verify.math_reward("the answer is 0.5", "0.5") == 0.0  # only a boxed answer counts
+    assert verify.math_reward("the answer is 0.5", "0.5") == 1.0  # math-verify reads an unboxed answer
+    assert verify.math_reward("the answer is 0.5", "0.5", math_grader="official") == 0.0  # a box only
     assert verify.math_reward("\\boxed{27}", 27.0) == 1.0          # AMC golds are floats
 
 
@@ -189,19 +190,73 @@ def test_extract_boxed(text, expected):
     assert verify.extract_boxed(text) == expected
 
 
-@pytest.mark.parametrize("response, gold, reward, format_, reason", [
-    ("\\boxed{5}", "5", 1.0, 1, "ok"),
-    ("\\boxed{6}", "5", 0.0, 1, "wrong"),                 # format does not depend on correctness
-    ("\\boxed{4} no wait \\boxed{5}", "5", 1.0, 0, "ok"),  # two final answers: last one counts
-    ("\\boxed{\\boxed{5}}", "5", 1.0, 0, "ok"),
-    ("the answer is 5", "5", 0.0, 0, "no_boxed"),
-    ("\\boxed{5", "5", 0.0, 0, "unclosed_boxed"),
-    ("\\boxed{ }", "5", 0.0, 0, "empty_boxed"),
-    ("\\fbox{5}", "5", 1.0, 1, "ok"),
+@pytest.mark.parametrize("response, gold, official, math_verify", [
+    # (reward, format, reason) under --math-grader official, then under math-verify (the default).
+    # The format channel (PASS) is the same rule in both: exactly one closed, non-empty box.
+    ("\\boxed{5}", "5", (1.0, 1, "ok"), (1.0, 1, "ok")),
+    ("\\boxed{6}", "5", (0.0, 1, "wrong"), (0.0, 1, "wrong")),  # format does not depend on correctness
+    # two final answers: the official rule takes the last; math-verify reads them as one set {4, 5}
+    ("\\boxed{4} no wait \\boxed{5}", "5", (1.0, 0, "ok"), (0.0, 0, "wrong")),
+    ("\\boxed{-2} \\quad \\text{and} \\quad \\boxed{1}", "1,-2", (0.0, 0, "wrong"), (1.0, 0, "ok")),
+    ("\\boxed{\\boxed{5}}", "5", (1.0, 0, "ok"), (1.0, 0, "ok")),
+    ("the answer is 5", "5", (0.0, 0, "no_boxed"), (1.0, 0, "ok")),  # math-verify reads an unboxed answer
+    ("no answer here", "5", (0.0, 0, "no_boxed"), (0.0, 0, "no_answer")),
+    ("\\boxed{5", "5", (0.0, 0, "unclosed_boxed"), (0.0, 0, "no_answer")),
+    # truncated: math-verify reads the last answer it finds (here x = 3), the official rule none
+    ("so x = 3, then \\boxed{5", "5", (0.0, 0, "unclosed_boxed"), (0.0, 0, "wrong")),
+    ("\\boxed{ }", "5", (0.0, 0, "empty_boxed"), (0.0, 0, "no_answer")),
+    ("\\fbox{5}", "5", (1.0, 1, "ok"), (1.0, 1, "ok")),           # \\fbox is read as \\boxed
+    ("\\boxed{" + "1" * 1001 + "}", "5", (0.0, 1, "answer_too_long"), (0.0, 1, "answer_too_long")),
 ])
-def test_math_format_channel(response, gold, reward, format_, reason):
-    score = verify.score_batch([response], [gold], ["math"])[0]
-    assert score == verify.Score(reward, format_, reason)
+def test_math_format_channel(response, gold, official, math_verify):
+    assert verify.score_batch([response], [gold], ["math"], math_grader="official")[0] == verify.Score(*official)
+    assert verify.score_batch([response], [gold], ["math"])[0] == verify.Score(*math_verify)
+
+
+def test_math_grader_must_be_known():
+    with pytest.raises(ValueError, match="math_grader"):
+        verify.score_batch(["\\boxed{1}"], ["1"], ["math"], math_grader="sympy")
+
+
+# Every case of the equivalence set (tests/math_equivalence_cases.py) on which math-verify's reading
+# (the default grader) disagrees with the source's label, and why. The test fails if one is added or
+# goes away: a change of math-verify's version or of verify.py shows up here.
+MATH_VERIFY_DISAGREEMENTS = {
+    ("1,22", "1.22"): "a decimal comma in the gold: parsed as LaTeX (how verify.py reads a gold), '1,22' is "
+                      "the pair 1, 22; the source test reads both sides as plain expressions",
+    ("$9$", "Answer $ \n 9 \n $"): "the label was set with LaTeX-only extraction, where a line break inside $...$ "
+                                    "hides the 9; with plain expressions on (math-verify's default for a "
+                                    "response) the 9 is read, and the response does say 9",
+    ("$9$", "Answer \\( \n 9 \n \\)"): "as the case above, with \\( \\) delimiters",
+    ("185", "\\boxed{185\\}"): "NeMo-Skills strips a trailing backslash; here it escapes the closing brace, so "
+                                "the box never closes and math-verify reads no 185",
+    ("185\\", "\\boxed{185}"): "the same trailing backslash, in the gold: '\\boxed{185\\}' does not parse",
+    ("C", "\\boxed{C. x = 42}"): "NeMo-Skills' multiple-choice rule reads a leading 'C.' as the choice; "
+                                 "math-verify reads the box as an equation, x = 42",
+    ("C. x = 42", "\\boxed{C}"): "the same rule, the other way round",
+}
+
+
+def test_equivalence_set_agreement_with_both_graders(capsys):
+    """>= 300 labelled (gold, response) cases from public graders' test suites. math-verify's reading
+    agrees with every label but MATH_VERIFY_DISAGREEMENTS. The official last-box rule misses every
+    answer that is not in exactly one box, and otherwise judges like math-verify."""
+    from math_equivalence_cases import CASES
+
+    assert len(CASES) >= 300 and len({(g, r) for g, r, _ in CASES}) == len(CASES)
+    golds, responses = [g for g, _, _ in CASES], [r for _, r, _ in CASES]
+    default = verify.score_batch(responses, golds, ["math"] * len(CASES))
+    official = verify.score_batch(responses, golds, ["math"] * len(CASES), math_grader="official")
+    missed = {(g, r) for (g, r, label), s in zip(CASES, default) if s.reward != label}
+    assert missed == set(MATH_VERIFY_DISAGREEMENTS)
+    official_missed = {(g, r) for (g, r, label), s in zip(CASES, official) if s.reward != label}
+    for gold, response in official_missed - missed:  # the last-box rule saw a different answer
+        boxes = len(verify._BOX_START.findall(response))
+        assert boxes != 1 or verify.extract_boxed(response) is None or "answer" in response.lower(), (gold, response)
+    with capsys.disabled():
+        print(f"\nequivalence set: {len(CASES)} cases; math-verify agrees on {len(CASES) - len(missed)} "
+              f"({1 - len(missed) / len(CASES):.1%}), official last-box rule on {len(CASES) - len(official_missed)} "
+              f"({1 - len(official_missed) / len(CASES):.1%})")
 
 
 # ---------------------------------------------------------------------------------------------------
