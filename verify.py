@@ -39,8 +39,10 @@ Design
      together read as one set (`\\boxed{-2} and \\boxed{1}` for the gold `1,-2`), a final answer with
      no box ("The final answer is $10,455$"). `\\fbox` is read as `\\boxed`. Reason "no_answer" when
      it finds nothing. A hedge such as `\\boxed{4} no wait \\boxed{5}` reads as {4, 5} and is wrong.
-     A truncated response (last box unclosed) is read too: the last answer math-verify can find
-     counts, which is an intermediate value at best (use --filter-truncated to drop such groups).
+     A response whose last box is never closed was cut off while writing its answer: it scores 0
+     ("unclosed_boxed") under both graders, so no intermediate value ("9-9=0" in a toy chain whose
+     gold is 0) is read in its place. A response with no box at all is read wherever math-verify
+     finds an answer; `--filter-truncated` drops groups with responses cut at the length limit.
    - "official" (PRIME-RL's rule, for exact fidelity to the paper's runs): only the LAST
      `\\boxed{}`/`\\fbox{}`, braces matched, is the answer ("no_boxed", "unclosed_boxed",
      "empty_boxed" otherwise), then parsed as a box's content.
@@ -833,6 +835,8 @@ def score_batch(responses: list[str], references: list, kinds: list[str], *,
             formats[i] = math_format(response)
             if answer is not None and len(answer) > MAX_ANSWER_CHARS:  # both graders: never parsed
                 scores[i] = Score(0.0, formats[i], "answer_too_long")
+            elif reason == "unclosed_boxed":  # both graders: cut off while writing its answer, so
+                scores[i] = Score(0.0, formats[i], reason)  # no earlier value is read as the answer
             elif math_grader == "math-verify":  # math-verify reads the whole response
                 jobs[i] = {"kind": "math", "response": response, "gold": reference, "timeout": timeout}
             else:

@@ -256,6 +256,14 @@ def test_toy_benchmark_sampled_pass_at_k(sft, tmp_path, capsys):
     again, _ = run_eval(capsys, *args[:-1], tmp_path / "b.json")  # the same seed: the same samples
     assert [p["answers"] for p in again["benchmarks"]["toy"]["per_problem"]] == \
            [p["answers"] for p in toy["per_problem"]]
+    assert report["settings"]["math_grader"] == "math-verify"
+    # The official last-box rule on the same samples: where it counts fewer right, some response of
+    # the problem has no box (math-verify read an answer elsewhere in it: at 48 tokens some toy
+    # responses are cut off before their box); where there is one box each, both read the same.
+    official, _ = run_eval(capsys, *args[:-1], tmp_path / "c.json", "--math-grader", "official")
+    assert official["settings"]["math_grader"] == "official"
+    for p, q in zip(toy["per_problem"], official["benchmarks"]["toy"]["per_problem"]):
+        assert p["correct"] == q["correct"] or (p["correct"] > q["correct"] and None in p["answers"])
 
 
 def test_math500_slice_end_to_end(sft, tmp_path, capsys):

@@ -201,9 +201,11 @@ def test_extract_boxed(text, expected):
     ("\\boxed{\\boxed{5}}", "5", (1.0, 0, "ok"), (1.0, 0, "ok")),
     ("the answer is 5", "5", (0.0, 0, "no_boxed"), (1.0, 0, "ok")),  # math-verify reads an unboxed answer
     ("no answer here", "5", (0.0, 0, "no_boxed"), (0.0, 0, "no_answer")),
-    ("\\boxed{5", "5", (0.0, 0, "unclosed_boxed"), (0.0, 0, "no_answer")),
-    # truncated: math-verify reads the last answer it finds (here x = 3), the official rule none
-    ("so x = 3, then \\boxed{5", "5", (0.0, 0, "unclosed_boxed"), (0.0, 0, "wrong")),
+    # truncated while writing the answer: no answer under either grader, not even an earlier value
+    ("\\boxed{5", "5", (0.0, 0, "unclosed_boxed"), (0.0, 0, "unclosed_boxed")),
+    ("so x = 5, then \\boxed{5", "5", (0.0, 0, "unclosed_boxed"), (0.0, 0, "unclosed_boxed")),
+    ("9-9=0\n0+2=2\n\\boxed{", "0", (0.0, 0, "unclosed_boxed"), (0.0, 0, "unclosed_boxed")),
+    ("\\boxed{1} and then \\boxed{2", "1", (0.0, 0, "unclosed_boxed"), (0.0, 0, "unclosed_boxed")),
     ("\\boxed{ }", "5", (0.0, 0, "empty_boxed"), (0.0, 0, "no_answer")),
     ("\\fbox{5}", "5", (1.0, 1, "ok"), (1.0, 1, "ok")),           # \\fbox is read as \\boxed
     ("\\boxed{" + "1" * 1001 + "}", "5", (0.0, 1, "answer_too_long"), (0.0, 1, "answer_too_long")),
