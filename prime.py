@@ -360,6 +360,76 @@ def prm_value_advantage(process_reward: torch.Tensor, outcome: torch.Tensor, mas
     return torch.where(valid, adv, torch.zeros_like(adv))
 
 
+def token_rewards(process_reward, outcome: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The per-token reward a critic-based estimator (PPO + GAE) sees: the outcome reward r_o on each
+    row's last valid token, plus the process reward of every token when there is one (PPO + PRIME).
+    (B, T), (B,) -> (B, T), 0 on padding (padding may hold NaN: it is selected away)."""
+    valid = mask.bool()
+    r = outcome.to(torch.float32)[:, None] * _last_token_mask(mask)
+    if process_reward is not None:
+        r = r + torch.where(valid, process_reward.to(torch.float32), torch.zeros_like(r))
+    return torch.where(valid, r, torch.zeros_like(r))
+
+
+def gae_advantage(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+                  lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016), PPO's estimator (PRIME Table 4, Fig. 7).
+
+    rewards[i, t]: the reward of token t (`token_rewards`); values[i, t]: the critic's V of the state
+    BEFORE token t. Beyond a row's last valid token V and the mask are 0, so the last token's
+    bootstrap is 0 (the response has ended):
+        delta_t = r_t + gamma * V_{t+1} * m_{t+1} - V_t
+        A_t     = delta_t + gamma * lam * A_{t+1}          (A = 0 past the end)
+        R_t     = A_t + V_t                                 (the critic's regression target)
+    Returns (advantages, returns), both (B, T) float32 (float64 for float64 inputs), unwhitened (train.py whitens the advantages as
+    for the other estimators), exactly 0 on padding; padding of the inputs may hold NaN.
+    lam = 1: A_t = sum_{s >= t} gamma^(s-t) r_s - V_t, the return-to-go minus V (Monte Carlo).
+    lam = 0: A_t = delta_t, the one-step TD error.
+    Worked example, one row, r = [0, 0, 1], V = [0.5, 0.6, 0.8], gamma = 1:
+        delta = [0 + 0.6 - 0.5, 0 + 0.8 - 0.6, 1 + 0 - 0.8] = [0.1, 0.2, 0.2]
+        lam = 1: A = [0.5, 0.4, 0.2] (= 1 - V), R = [1, 1, 1];  lam = 0: A = delta, R = [0.6, 0.8, 1.0].
+    The same recursion as veRL's `compute_gae_advantage_return`.
+    """
+    valid = mask.bool()
+    dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
+    zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    r = torch.where(valid, rewards.to(dtype), zeros)
+    v = torch.where(valid, values.to(dtype), zeros)
+    advantages = torch.zeros_like(zeros)
+    next_value = torch.zeros_like(zeros[:, 0])
+    running = torch.zeros_like(zeros[:, 0])
+    for t in range(mask.shape[-1] - 1, -1, -1):  # a scan over positions, vectorised over the batch
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        running = torch.where(valid[:, t], delta + gamma * lam * running, torch.zeros_like(running))
+        advantages[:, t] = running
+        next_value = v[:, t]  # 0 at padding: the bootstrap past a row's end
+    returns = torch.where(valid, advantages + v, zeros)
+    return advantages, returns
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               clip_range: float | None = 0.5) -> torch.Tensor:
+    """PPO's clipped value loss (the critic's update), token mean over the valid tokens:
+
+        V_clip = old_V + clip(V - old_V, -c, c)
+        L_V    = 0.5 * E_t[ max( (V - R)^2, (V_clip - R)^2 ) ]
+
+    The max keeps the critic from moving its prediction more than c from the value it had when the
+    batch was sampled (as veRL's `compute_value_loss`, cliprange_value 0.5). clip_range None: the plain
+    0.5 * (V - R)^2. (B, T) each -> scalar; padding may hold NaN.
+    """
+    valid = mask.bool()
+    # select padding away BEFORE any arithmetic: NaN * 0 is NaN, in the backward pass too
+    values = torch.where(valid, values, torch.zeros_like(values))
+    old_values = torch.where(valid, old_values, torch.zeros_like(values))
+    returns = torch.where(valid, returns, torch.zeros_like(values))
+    unclipped = (values - returns) ** 2
+    if clip_range is None:
+        return 0.5 * masked_mean(unclipped, mask)
+    clipped_values = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+    return 0.5 * masked_mean(torch.maximum(unclipped, (clipped_values - returns) ** 2), mask)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Policy loss (Eq. 6)
 # ---------------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
     python reproduce.py prime-vs-rloo          # PRIME vs outcome-only RLOO (PRIME Fig. 3)
     python reproduce.py online-vs-offline      # online vs offline (frozen) implicit PRM (Fig. 5)
-    python reproduce.py estimators             # REINFORCE / GRPO / RLOO with and without process rewards (Fig. 7)
+    python reproduce.py estimators             # REINFORCE / GRPO / PPO / RLOO with and without process rewards (Fig. 7)
     python reproduce.py pass                   # GRPO outcome-only vs PASS, implicit PRM and exact step checker (PASS Table 1)
     python reproduce.py timing                 # step-time split, PRIME vs RLOO (Table 2)
     python reproduce.py credit                 # the credit-assignment study: when do dense rewards pay off?
@@ -46,14 +46,17 @@ ARMS = {
     "grpo+prm": ["--estimator", "grpo"],
     "pass-implicit": ["--estimator", "pass"],
     "pass-step": ["--estimator", "pass", "--process", "step"],
+    "ppo": ["--estimator", "ppo", "--process", "none"],
+    "ppo+prm": ["--estimator", "ppo"],
 }
 LABELS = {"prime": "PRIME (RLOO + implicit PRM)", "rloo": "RLOO, outcome only", "prime-offline": "PRIME, offline PRM",
           "reinforce": "REINFORCE", "reinforce+prm": "REINFORCE + implicit PRM", "grpo": "GRPO",
-          "grpo+prm": "GRPO + implicit PRM", "pass-implicit": "PASS, implicit PRM", "pass-step": "PASS, exact step checker"}
+          "grpo+prm": "GRPO + implicit PRM", "pass-implicit": "PASS, implicit PRM", "pass-step": "PASS, exact step checker",
+          "ppo": "PPO (critic + GAE)", "ppo+prm": "PPO + implicit PRM"}
 COMPARISONS = {
     "prime-vs-rloo": ["rloo", "prime"],
     "online-vs-offline": ["prime", "prime-offline"],
-    "estimators": ["reinforce", "reinforce+prm", "grpo", "grpo+prm", "rloo", "prime"],
+    "estimators": ["reinforce", "reinforce+prm", "grpo", "grpo+prm", "ppo", "ppo+prm", "rloo", "prime"],
     "pass": ["grpo", "pass-implicit", "pass-step"],
     "timing": ["rloo", "prime"],
 }

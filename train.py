@@ -107,7 +107,7 @@ class Args:
     """rollout nucleus sampling (paper: 1.0)"""
     # --- PRIME's choices
     estimator: str = "rloo"
-    """advantage estimator: rloo | grpo | reinforce | prm-value | pass"""
+    """advantage estimator: rloo | grpo | reinforce | prm-value | pass | ppo (a learned critic and GAE)"""
     process: str = "implicit"
     """process signal: 'implicit' (PRIME's online PRM), 'opd' / 'gopd' (teacher vs student log-probs), 'step' (a step-level PRM), 'none' (outcome only: the RLOO/GRPO baselines)"""
     rloo_form: str = "official"
@@ -152,6 +152,14 @@ class Args:
     """dual-clip PPO's c > 1 for negative advantages (veRL: 3); 0 = off, as PRIME-RL and the paper"""
     gamma: float = 1.0
     """discount of the process return (paper: 1.0)"""
+    gae_lambda: float = 1.0
+    """--estimator ppo: GAE's lambda (veRL: 1.0; 0 = one-step TD errors)"""
+    critic_lr: float = 3e-4
+    """--estimator ppo: the critic's AdamW learning rate (veRL: 1e-5 for 7B models; the tiny model needs more)"""
+    critic_warmup_steps: int = 0
+    """--estimator ppo: the policy stays frozen for the first N iterations while the critic fits"""
+    value_clip: float = 0.5
+    """--estimator ppo: the value loss's clip range around the critic's old values (veRL: 0.5); 0 = unclipped"""
     # --- optimisation
     policy_lr: float = 3e-5
     """policy AdamW learning rate (paper: 5e-7 for a 7B model; 1e-4 degraded the tiny model here)"""
@@ -214,7 +222,7 @@ PRESETS = {
                  gradient_checkpointing=True, temperature=1.0, top_p=1.0),
 }
 
-CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass"), rloo_form=("official", "paper"),
+CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass", "ppo"), rloo_form=("official", "paper"),
                process=("implicit", "opd", "gopd", "step", "none"), task=("math", "qa"),
                math_grader=verify.MATH_GRADERS,
                pass_preset=("math", "qa", "v1"),
@@ -268,7 +276,8 @@ DOMAINS = dict(
     filter_low=UNIT, filter_high=UNIT, clip_eps=(lambda v: 0 < v < 1, "in (0, 1)"),
     dual_clip=(lambda v: v == 0 or v > 1, "0 (off) or > 1 (veRL: 3)"), gamma=UNIT, policy_lr=POSITIVE,
     prm_lr=POSITIVE, policy_weight_decay=AT_LEAST_0, policy_grad_clip=POSITIVE, prm_grad_clip=POSITIVE,
-    mini_batches=AT_LEAST_1, micro_batch_size=AT_LEAST_1,
+    mini_batches=AT_LEAST_1, micro_batch_size=AT_LEAST_1, gae_lambda=UNIT, critic_lr=POSITIVE,
+    critic_warmup_steps=AT_LEAST_0, value_clip=AT_LEAST_0,
     vllm_gpu_memory_utilization=(lambda v: 0 < v <= 1, "in (0, 1]"), save_every=AT_LEAST_1,
     eval_problems=AT_LEAST_1, eval_every=AT_LEAST_0, eval_samples=AT_LEAST_1, sft_steps=AT_LEAST_0,
     episodes_per_step=AT_LEAST_0, max_memory_gb=AT_LEAST_0, toy_slip=(lambda v: 0 <= v < 1, "in [0, 1)"),
@@ -310,6 +319,11 @@ def check_args(args: Args) -> None:
     if args.estimator == "prm-value" and args.process != "implicit":
         bad(f"--estimator prm-value uses the implicit PRM as its value model: needs --process implicit, "
             f"not {args.process}")
+    if args.critic_warmup_steps and args.estimator != "ppo":
+        bad(f"--critic-warmup-steps {args.critic_warmup_steps}: only --estimator ppo has a critic")
+    if args.critic_warmup_steps >= args.steps:
+        bad(f"--critic-warmup-steps {args.critic_warmup_steps}: must be below --steps {args.steps} (the policy "
+            "would never train)")
     if (args.prm_warmup_steps or not args.prm_online) and args.process != "implicit":
         bad("--prm-warmup-steps / --no-prm-online are about the implicit PRM: they need --process implicit")
     if args.prm_loss == "dpo" and args.micro_batch_size % args.n_samples:
@@ -569,6 +583,8 @@ def memory_estimate_gb(n_params: int, args: Args) -> dict:
     gb = n_params / 1e9
     est = {"policy (weights+grads+adam)": 16 * gb, "prm (weights+grads+adam)": 16 * gb,
            "reference (bf16)": 2 * gb if args.reference == "sft" else 0.0}
+    if args.estimator == "ppo":  # the critic: the policy's backbone with a scalar head, trained
+        est["critic (weights+grads+adam)"] = 16 * gb
     est["total"] = sum(est.values())
     return est
 
@@ -641,6 +657,29 @@ def response_logprobs(model, ro: Rollout, temperature: float = 1.0) -> torch.Ten
     logits = out.logits[:, :-1]  # (B, R, V): the prediction for each response token
     logp = prime.token_logprobs(logits, input_ids[:, -R:], temperature)
     return logp * ro.response_mask.to(device)
+
+
+def critic_values(critic, ro: Rollout) -> torch.Tensor:
+    """--estimator ppo: V(x, y_<t) for every response token t, (B, R) float32, 0 on padding.
+
+    The critic is the SFT model's backbone with a scalar head (AutoModelForTokenClassification, one
+    label): its output at a position is the value of the sequence up to and including that position,
+    so the state BEFORE response token t is read one position to the left, as the log-prob of token
+    t is read from the logits one position to the left."""
+    device = next(critic.parameters()).device
+    input_ids = torch.cat([ro.prompt_ids, ro.response_ids], 1).to(device)
+    attention = torch.cat([ro.prompt_mask, ro.response_mask], 1).to(device)
+    R = ro.response_ids.shape[1]
+    out = critic(input_ids=input_ids, attention_mask=attention, position_ids=position_ids_from_mask(attention),
+                 use_cache=False)
+    values = out.logits[:, -R - 1:-1, 0].float()
+    return values * ro.response_mask.to(device)
+
+
+@torch.no_grad()
+def values_no_grad(critic, ro: Rollout, micro_batch_size: int) -> torch.Tensor:
+    return torch.cat([critic_values(critic, ro.select(slice(s, s + micro_batch_size)))
+                      for s in range(0, len(ro), micro_batch_size)])
 
 
 @torch.no_grad()
@@ -874,7 +913,8 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: Path, step: int, policy, prm, policy_opt, prm_opt, d: Dist) -> None:
+def save_checkpoint(run_dir: Path, step: int, policy, prm, policy_opt, prm_opt, d: Dist, critic=None,
+                    critic_opt=None) -> None:
     """runs/<name>/checkpoint/: models, optimisers, step, and one RNG file per rank.
 
     Written to checkpoint.tmp, then renamed over the old one: a kill at any moment leaves either the
@@ -889,6 +929,8 @@ def save_checkpoint(run_dir: Path, step: int, policy, prm, policy_opt, prm_opt, 
         torch.save({"step": step, "policy": unwrap(policy).state_dict(), "policy_opt": policy_opt.state_dict(),
                     "prm": unwrap(prm).state_dict() if prm is not None else None,
                     "prm_opt": prm_opt.state_dict() if prm is not None else None,
+                    "critic": unwrap(critic).state_dict() if critic is not None else None,
+                    "critic_opt": critic_opt.state_dict() if critic is not None else None,
                     "world": d.world}, tmp / "state.pt")
     barrier(d)
     if d.master:
@@ -901,7 +943,7 @@ def save_checkpoint(run_dir: Path, step: int, policy, prm, policy_opt, prm_opt, 
     barrier(d)
 
 
-def load_checkpoint(run_dir: Path, policy, prm, policy_opt, prm_opt, d: Dist) -> int:
+def load_checkpoint(run_dir: Path, policy, prm, policy_opt, prm_opt, d: Dist, critic=None, critic_opt=None) -> int:
     path = run_dir / "checkpoint"
     if not (path / "state.pt").exists():
         raise SystemExit(f"--resume: no checkpoint in {path}")
@@ -910,11 +952,16 @@ def load_checkpoint(run_dir: Path, policy, prm, policy_opt, prm_opt, d: Dist) ->
         raise SystemExit(f"--resume: checkpoint was written by {state['world']} ranks, this run has {d.world}")
     if (state["prm"] is None) != (prm is None):
         raise SystemExit("--resume: the checkpoint and this run disagree on --process (implicit PRM or not)")
+    if (state.get("critic") is None) != (critic is None):
+        raise SystemExit("--resume: the checkpoint and this run disagree on --estimator (a PPO critic or not)")
     unwrap(policy).load_state_dict(state["policy"])
     policy_opt.load_state_dict(state["policy_opt"])
     if prm is not None:
         unwrap(prm).load_state_dict(state["prm"])
         prm_opt.load_state_dict(state["prm_opt"])
+    if critic is not None:
+        unwrap(critic).load_state_dict(state["critic"])
+        critic_opt.load_state_dict(state["critic_opt"])
     set_rng_state(torch.load(path / f"rng_rank{d.rank}.pt", weights_only=False))
     return state["step"]
 
@@ -1040,9 +1087,13 @@ def main(argv=None):
 
     # The implicit PRM (trained) and its frozen reference; the G-OPD base (= the starting policy, so the
     # same frozen copy); the OPD/G-OPD teacher; the step scorer. Each is loaded only when used.
-    prm = prm_opt = reference = teacher = step_scorer = None
+    prm = prm_opt = reference = teacher = step_scorer = critic = critic_opt = None
     if args.process == "implicit":
         prm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(d.device).train()
+    if args.estimator == "ppo":  # PPO's critic: the SFT backbone with a fresh scalar head
+        from transformers import AutoModelForTokenClassification
+        critic = AutoModelForTokenClassification.from_pretrained(model_path, num_labels=1, dtype=torch.float32)
+        critic.to(d.device).train()
     if (args.process == "implicit" and args.reference == "sft") or args.process == "gopd":
         reference = load_frozen(model_path, d)
     if args.process in ("opd", "gopd"):
@@ -1053,7 +1104,7 @@ def main(argv=None):
         step_scorer = step_prm.load_step_scorer(args.step_scorer, d.device, args.step_separator)
     policy.to(d.device).train()  # from_pretrained returns eval mode; checkpointing needs train mode
     if args.gradient_checkpointing:
-        for m in (policy, prm):  # non-reentrant checkpointing is the variant that works under DDP
+        for m in (policy, prm, critic):  # non-reentrant checkpointing is the variant that works under DDP
             if m is not None:
                 m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy = wrap_ddp(policy, d)
@@ -1061,6 +1112,9 @@ def main(argv=None):
     if prm is not None:
         prm = wrap_ddp(prm, d)
         prm_opt = torch.optim.AdamW(prm.parameters(), lr=args.prm_lr, weight_decay=0.0)
+    if critic is not None:
+        critic = wrap_ddp(critic, d)
+        critic_opt = torch.optim.AdamW(critic.parameters(), lr=args.critic_lr, weight_decay=0.01)  # veRL's critic
     if args.rollout == "vllm":  # an engine in this process, fed the policy's weights after every update
         sampler = VLLMRollout(model_path, tokenizer, args.max_response_len, args.temperature, args.top_p,
                               max_model_len=args.max_prompt_len + args.max_response_len, seed=args.seed + d.rank,
@@ -1071,7 +1125,7 @@ def main(argv=None):
 
     start_step = 0
     if args.resume:
-        start_step = load_checkpoint(run_dir, policy, prm, policy_opt, prm_opt, d)
+        start_step = load_checkpoint(run_dir, policy, prm, policy_opt, prm_opt, d, critic, critic_opt)
         sampler.push_weights(unwrap(policy))  # a vLLM engine loaded model_path, not the checkpoint
         if d.master:
             truncate_metrics(run_dir / "metrics.jsonl", start_step)
@@ -1157,6 +1211,10 @@ def main(argv=None):
             adv = prime.reinforce_advantage(process_in, batch_outcome, mask, args.gamma)
         elif args.estimator == "prm-value":
             adv = prime.prm_value_advantage(args.beta * signal, batch_outcome, mask, args.gamma)
+        elif args.estimator == "ppo":  # a learned critic: GAE over outcome (+ process) token rewards
+            old_values = values_no_grad(unwrap(critic), batch, args.micro_batch_size)
+            adv, returns = prime.gae_advantage(prime.token_rewards(process_in, batch_outcome, mask), old_values,
+                                               mask, args.gamma, args.gae_lambda)
         else:  # PASS: the raw process signal shaped into GRPO's advantage (pass_advantage.py)
             fmt = torch.tensor([scores[i].format for i in rows.tolist()], dtype=torch.float32, device=d.device)
             group_ids = torch.arange(len(batch), device=d.device) // args.n_samples
@@ -1165,7 +1223,7 @@ def main(argv=None):
                 preset = dict(preset, step_ids=step_ids)
             pass_in = args.beta * signal if args.process == "implicit" else signal
             adv = pass_advantage.pass_advantage(pass_in, mask, batch_outcome, fmt, group_ids, **preset)
-        if args.estimator in ("rloo", "reinforce", "prm-value"):
+        if args.estimator in ("rloo", "reinforce", "prm-value", "ppo"):
             adv = prime.whiten(adv, mask)  # official: global whitening of every advantage
 
         # 6. PPO clip update of the policy (Eq. 6) -----------------------------------------------
@@ -1175,16 +1233,26 @@ def main(argv=None):
             logp = response_logprobs(policy, batch.select(s), args.temperature)
             return prime.ppo_clip_loss(logp, logp_old[s], adv[s], mask[s], args.clip_eps, args.dual_clip or None)
 
-        policy_losses = run_update(policy, policy_opt, policy_loss_fn, n_train, args, d, args.policy_grad_clip)
-        sampler.push_weights(unwrap(policy))
-        times["policy"] += time.time() - t
+        policy_losses = []
+        if step >= args.critic_warmup_steps:  # (PPO: frozen while the critic warms up)
+            policy_losses = run_update(policy, policy_opt, policy_loss_fn, n_train, args, d, args.policy_grad_clip)
+            sampler.push_weights(unwrap(policy))
+        value_losses = []
+        if critic is not None:  # PPO's critic regresses on the GAE returns (clipped value loss)
+            def value_loss_fn(s, weight):
+                return prime.value_loss(critic_values(critic, batch.select(s)), old_values[s], returns[s], mask[s],
+                                        args.value_clip or None)
+
+            value_losses = run_update(critic, critic_opt, value_loss_fn, n_train, args, d,
+                                      args.policy_grad_clip)  # veRL clips the critic at 1.0 too
+        times["policy"] += time.time() - t  # (the critic's forward and update count here too)
 
         # 7. Log and checkpoint ----------------------------------------------------------------
         sums = all_reduce([outcome.sum().item(), len(outcome), n_kept_groups, len(tasks),
                            ro.response_mask.sum().item(), float(ro.truncated.sum()),
                            sum(s.format for s in scores), *prm_accuracy_sum, sum(prm_losses), len(prm_losses),
                            sum(policy_losses), len(policy_losses), *localization,
-                           int(mixed_groups(outcome, args.n_samples).sum())], d)
+                           int(mixed_groups(outcome, args.n_samples).sum()), sum(value_losses), len(value_losses)], d)
         kept_per_rank = all_reduce([n_kept_groups if r == d.rank else 0 for r in range(d.world)], d)
         metrics = {
             "step": step + 1,
@@ -1201,6 +1269,8 @@ def main(argv=None):
             "process_reward_abs_mean": prime.masked_mean(process.abs(), mask).item(),
             "prm_localization": sums[13] / sums[14] if sums[14] else None,  # share of wrong responses
         }
+        if critic is not None:
+            metrics["value_loss"] = sums[16] / max(sums[17], 1)
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
             held = heldout_metrics(policy, tokenizer, eval_tasks, args, d)
             metrics["heldout_accuracy"], metrics["heldout_sampled_accuracy"] = held["greedy"], held["sampled"]
@@ -1215,7 +1285,7 @@ def main(argv=None):
             bar.set_postfix(reward=f"{metrics['reward']:.3f}", prm_acc=_fmt(metrics["prm_accuracy"]),
                             kept=f"{metrics['kept_groups']}/{metrics['prompts']}")
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
-            save_checkpoint(run_dir, step + 1, policy, prm, policy_opt, prm_opt, d)
+            save_checkpoint(run_dir, step + 1, policy, prm, policy_opt, prm_opt, d, critic, critic_opt)
         for k in phase_totals:
             phase_totals[k] += times[k]
         phase_totals["other"] += (time.time() - t_step) - sum(times.values())  # + writing, checkpoint

@@ -55,6 +55,11 @@ TRAIN_BAD = [
     (["--process", "step", "--data", "README.md"], "--data README.md"),
     (["--pass-preset", "v1", "--estimator", "pass"], "--pass-preset v1"),
     (["--estimator", "ppo-typo"], "--estimator"),
+    (["--critic-warmup-steps", "2"], "--critic-warmup-steps 2: only --estimator ppo has a critic"),
+    (["--estimator", "ppo", "--critic-warmup-steps", "5", "--steps", "5"], "must be below --steps 5"),
+    (["--estimator", "ppo", "--gae-lambda", "1.5"], "--gae-lambda 1.5: must be in [0, 1]"),
+    (["--estimator", "ppo", "--value-clip", "-1"], "--value-clip -1.0: must be >= 0"),
+    (["--prm-groups", "all"], "--prm-groups"), (["--math-grader", "sympy"], "--math-grader"),
 ]
 
 

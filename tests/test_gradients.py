@@ -430,3 +430,100 @@ def test_pass_advantage_gradient_matches_the_plain_loop_version(dtype, recipe, n
         return stack(reference_pass(rows, mask, outcome, fmt, gids, **kwargs), dtype)
 
     check_grads(ours, plain, [s_t], dtype)
+
+
+# ---------------------------------------------------------------------------------------------------
+# PPO's critic: GAE and the clipped value loss
+# ---------------------------------------------------------------------------------------------------
+
+
+def plain_gae(rewards, values, mask, gamma, lam):
+    """GAE row by row, token by token, from its definition: A_t = sum_l (gamma lam)^l delta_{t+l}."""
+    adv_rows, ret_rows = [], []
+    for i, n in enumerate(lengths_of(mask)):
+        r, v = [rewards[i, t] for t in range(n)], [values[i, t] for t in range(n)]
+        delta = [r[t] + gamma * (v[t + 1] if t + 1 < n else 0.0) - v[t] for t in range(n)]
+        a = [sum((gamma * lam) ** l * delta[t + l] for l in range(n - t)) for t in range(n)]
+        pad = [torch.zeros((), dtype=rewards.dtype)] * (mask.shape[1] - n)
+        adv_rows.append(a + pad)
+        ret_rows.append([a[t] + v[t] for t in range(n)] + pad)
+    return stack(adv_rows, rewards.dtype), stack(ret_rows, rewards.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+@pytest.mark.parametrize("lam", [0.0, 0.95, 1.0])
+def test_gae_advantage_against_a_plain_loop_with_nan_padding(dtype, gamma, lam):
+    lengths = [5, 1, 3, 6]  # ragged, with a one-token row
+    rewards, mask = ragged(lengths, seed=11, dtype=dtype)  # NaN on padding
+    values, _ = ragged(lengths, seed=12, dtype=dtype)
+    for k in (0, 1):  # advantages, then returns: values and gradients against the loop
+        check_grads(lambda r, v: prime.gae_advantage(r, v, mask, gamma, lam)[k],
+                    lambda r, v: plain_gae(r, v, mask, gamma, lam)[k], [rewards, values], dtype)
+    adv, ret = prime.gae_advantage(rewards, values, mask, gamma, lam)
+    assert adv.dtype == ret.dtype == dtype
+    assert (adv[~mask.bool()] == 0).all() and (ret[~mask.bool()] == 0).all()
+    # the one-token row: A = r - V (nothing to bootstrap from), R = r
+    assert adv[1, 0].item() == pytest.approx((rewards[1, 0] - values[1, 0]).item(), rel=1e-5)
+    assert ret[1, 0].item() == pytest.approx(rewards[1, 0].item(), rel=1e-5)
+
+
+def test_gae_worked_example_by_hand():
+    # r = [0, 0, 1], V = [0.5, 0.6, 0.8], gamma 1: delta = [0.1, 0.2, 0.2]
+    r, v, m = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.8]]), torch.ones(1, 3)
+    adv, ret = prime.gae_advantage(r, v, m, 1.0, 1.0)  # lam 1: return-to-go minus V
+    torch.testing.assert_close(adv, torch.tensor([[0.5, 0.4, 0.2]]))
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 1.0]]))
+    adv, ret = prime.gae_advantage(r, v, m, 1.0, 0.0)  # lam 0: the one-step TD error
+    torch.testing.assert_close(adv, torch.tensor([[0.1, 0.2, 0.2]]))
+    torch.testing.assert_close(ret, torch.tensor([[0.6, 0.8, 1.0]]))
+    # gamma 0.5, lam 0.5: delta = [0 + .3 - .5, 0 + .4 - .6, 1 - .8] = [-0.2, -0.2, 0.2];
+    # A_2 = 0.2, A_1 = -0.2 + 0.25 * 0.2 = -0.15, A_0 = -0.2 + 0.25 * -0.15 = -0.2375
+    adv, _ = prime.gae_advantage(r, v, m, 0.5, 0.5)
+    torch.testing.assert_close(adv, torch.tensor([[-0.2375, -0.15, 0.2]]))
+
+
+def test_token_rewards_put_the_outcome_on_the_last_token():
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    process = torch.tensor([[0.1, -0.2, 0.3], [0.5, float("nan"), float("nan")]])
+    out = prime.token_rewards(process, torch.tensor([1.0, 0.0]), mask)
+    torch.testing.assert_close(out, torch.tensor([[0.1, -0.2, 1.3], [0.5, 0.0, 0.0]]))
+    out = prime.token_rewards(None, torch.tensor([1.0, 0.5]), mask)
+    torch.testing.assert_close(out, torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 0.0]]))
+
+
+def plain_value_loss(values, old_values, returns, mask, clip):
+    total, count = 0.0, 0
+    for i, n in enumerate(lengths_of(mask)):
+        for t in range(n):
+            v, old, ret = values[i, t], old_values[i, t], returns[i, t]
+            loss = (v - ret) ** 2
+            if clip is not None:
+                v_clip = old + torch.clamp(v - old, -clip, clip)
+                loss = loss if loss.item() >= ((v_clip - ret) ** 2).item() else (v_clip - ret) ** 2
+            total, count = total + 0.5 * loss, count + 1
+    return total / count
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("clip", [None, 0.2])
+def test_value_loss_gradient_on_a_ragged_batch(dtype, clip):
+    lengths = [4, 1, 6]
+    values, mask = ragged(lengths, seed=21, dtype=dtype)  # NaN on padding, even in the live values
+    old_values = torch.where(mask.bool(), values + 0.5 * ragged(lengths, seed=22, dtype=dtype)[0], values)
+    returns, _ = ragged(lengths, seed=23, dtype=dtype)
+    g = check_grads(lambda a, b, c: prime.value_loss(a, b, c, mask, clip),
+                    lambda a, b, c: plain_value_loss(a, b, c, mask, clip), [values, old_values, returns], dtype)
+    if clip is not None:  # a token moved past the clip range on the side away from R gets no gradient
+        assert (g[0] == 0).any()
+
+
+def test_value_loss_by_hand():
+    # one token: V = 1.0, old V = 0.0, R = 2.0, clip 0.5 -> V_clip = 0.5;
+    # max((1 - 2)^2, (0.5 - 2)^2) = 2.25, times 0.5 = 1.125; unclipped: 0.5
+    v, old, ret, m = torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[2.0]]), torch.ones(1, 1)
+    assert prime.value_loss(v, old, ret, m, 0.5).item() == pytest.approx(1.125)
+    assert prime.value_loss(v, old, ret, m, None).item() == pytest.approx(0.5)
+    # R = 0.8: unclipped (1 - 0.8)^2 = 0.04, clipped (0.5 - 0.8)^2 = 0.09; the max is the clipped
+    # term: 0.5 * 0.09 = 0.045
+    assert prime.value_loss(v, old, torch.tensor([[0.8]]), m, 0.5).item() == pytest.approx(0.045)

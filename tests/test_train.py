@@ -97,8 +97,10 @@ def test_recomputed_old_logprobs_equal_the_samplers_on_left_padded_prompts(cache
     assert ro.sampler_logprobs[mask].min() < -0.1  # some sampled tokens were not near-certain
 
 
-def test_kill_and_resume_gives_the_same_metrics(cache_dir, tmp_path):
-    args = ["--steps", "4", "--save-every", "2"]
+@pytest.mark.parametrize("extra", [[], ["--estimator", "ppo"]], ids=["prime", "ppo-critic"])
+def test_kill_and_resume_gives_the_same_metrics(extra, cache_dir, tmp_path):
+    """PRIME, and PPO + PRIME (the critic and its optimiser are checkpointed too)."""
+    args = ["--steps", "4", "--save-every", "2", *extra]
     full = run_train(args + ["--run-name", "full"], cache_dir, tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
 
@@ -236,6 +238,7 @@ TEACHER = ["--teacher-sft-steps", "100"]
     ["--process", "step"], ["--process", "step", "--process-norm", "beta", "--estimator", "grpo"],
     ["--process", "step", "--estimator", "pass", "--pass-preset", "v1"],
     ["--dual-clip", "3", "--temperature", "0.7"], ["--prm-groups", "mixed"],
+    ["--estimator", "ppo"], ["--estimator", "ppo", "--process", "none", "--gae-lambda", "0.95", "--value-clip", "0"],
 ], ids=lambda f: " ".join(f))
 def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
     """Each option the paper studies, one real step in-process (the verifier pool is shared)."""
@@ -257,6 +260,10 @@ def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
         assert all(m["prm_loss"] == 0 for m in metrics)
     if args.process == "none":
         assert all(m["prm_accuracy"] is None and m["process_reward_abs_mean"] == 0 for m in metrics)
+    if args.estimator == "ppo":  # the critic trained on every step that kept something
+        assert all(m["value_loss"] > 0 for m in kept)
+    else:
+        assert all("value_loss" not in m for m in metrics)
     if args.process == "step":  # the exact checker gives non-zero rewards to the steps it accepts
         assert all(m["process_reward_abs_mean"] > 0 for m in kept)
     if args.process in ("opd", "gopd"):  # teacher != student: a signal from the first step on
@@ -398,3 +405,43 @@ def test_prm_learns_from_its_rows_only_and_rewards_the_rest_from_the_same_prm(ca
     assert len(losses) == 1 and any(not torch.equal(a, b) for a, b in zip(prm.parameters(), ref.parameters()))
     expected = (before - logp_ref) * mask
     assert torch.allclose(rewards, expected, atol=1e-6) and rewards[2:].abs().sum() > 0
+
+
+def test_ppo_critic_warmup_freezes_the_policy_and_the_critic_learns(cache_dir, tmp_path):
+    """--critic-warmup-steps 2 of 3: the policy's optimiser steps once, the critic's three times; the
+    critic is the SFT backbone with a scalar head, and its value loss falls as it fits."""
+    run_dir = train.main(["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--out-dir", str(tmp_path),
+                          "--run-name", "w", "--steps", "3", "--prompts-per-step", "8", "--eval-problems", "4",
+                          "--estimator", "ppo", "--process", "none", "--critic-warmup-steps", "2",
+                          "--filter-low", "0", "--filter-high", "1", "--critic-lr", "1e-3"])
+    state = torch.load(run_dir / "checkpoint" / "state.pt", weights_only=False)
+    assert [int(v["step"]) for v in state["policy_opt"]["state"].values()][:1] == [1]
+    assert [int(v["step"]) for v in state["critic_opt"]["state"].values()][:1] == [3]
+    assert "score.weight" in state["critic"] and state["critic"]["score.weight"].shape[0] == 1
+    metrics = metrics_of(run_dir)
+    assert [m["policy_loss"] for m in metrics[:2]] == [0.0, 0.0] and metrics[2]["policy_loss"] != 0.0
+    assert metrics[-1]["value_loss"] < metrics[0]["value_loss"]
+
+
+def test_critic_values_read_the_state_before_each_response_token(cache_dir):
+    """critic_values at response token t equals the critic's output at the position before it, on a
+    left-padded batch (the same alignment as response_logprobs)."""
+    path = toy_task.sft_checkpoint(cache_dir, SFT_STEPS)
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    critic = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    from transformers import AutoModelForCausalLM
+    sampler = HFRollout(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tokenizer, max_new_tokens=12)
+    prompts = [tokenizer(p.prompt)["input_ids"] for p in toy_task.make_problems(2, seed=3)]
+    prompts[0] = prompts[0][-4:]  # left padding in row 0
+    ro = sampler.generate(prompts, n=1)
+    with torch.no_grad():
+        values = train.critic_values(critic, ro)
+        for i in range(2):  # each row alone, unpadded: V before token t = output at prompt_len - 1 + t
+            ids = torch.tensor([prompts[i] + ro.response_ids[i][ro.response_mask[i].bool()].tolist()])
+            out = critic(input_ids=ids).logits[0, :, 0]
+            n = int(ro.response_mask[i].sum())
+            torch.testing.assert_close(values[i, :n], out[len(prompts[i]) - 1:len(prompts[i]) - 1 + n],
+                                       atol=1e-5, rtol=1e-4)
+            assert (values[i, n:] == 0).all()
