@@ -1083,6 +1083,8 @@ def main(argv=None):
 
     model_path, policy, tokenizer = load_model_and_tokenizer(args, d)
     train_tasks, eval_tasks = load_tasks(args, tokenizer)
+    # a file mixing kinds (PRIME's data: math and code rows, `ability`) logs the reward of each kind
+    kinds = sorted({t.kind for t in train_tasks}) if len({t.kind for t in train_tasks}) > 1 else []
     from transformers import AutoModelForCausalLM
 
     # The implicit PRM (trained) and its frozen reference; the G-OPD base (= the starting policy, so the
@@ -1254,6 +1256,9 @@ def main(argv=None):
                            sum(policy_losses), len(policy_losses), *localization,
                            int(mixed_groups(outcome, args.n_samples).sum()), sum(value_losses), len(value_losses)], d)
         kept_per_rank = all_reduce([n_kept_groups if r == d.rank else 0 for r in range(d.world)], d)
+        row_kinds = [task.kind for task in tasks for _ in range(args.n_samples)]
+        by_kind = all_reduce([x for k in kinds for x in (sum(s.reward for s, rk in zip(scores, row_kinds) if rk == k),
+                                                          row_kinds.count(k))], d) if kinds else []
         metrics = {
             "step": step + 1,
             "reward": sums[0] / sums[1],
@@ -1271,6 +1276,8 @@ def main(argv=None):
         }
         if critic is not None:
             metrics["value_loss"] = sums[16] / max(sums[17], 1)
+        for j, k in enumerate(kinds):  # e.g. reward_math, reward_code; None on a step without that kind
+            metrics[f"reward_{k}"] = by_kind[2 * j] / by_kind[2 * j + 1] if by_kind[2 * j + 1] else None
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
             held = heldout_metrics(policy, tokenizer, eval_tasks, args, d)
             metrics["heldout_accuracy"], metrics["heldout_sampled_accuracy"] = held["greedy"], held["sampled"]

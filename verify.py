@@ -26,7 +26,11 @@ References by kind:
 - "code": a dict of tests, or the same dict as a JSON string (the PRIME/Eurus `ground_truth` form):
       {"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}  one test per pair: stdin -> stdout
       {"asserts": ["assert add(1, 2) == 3", ...]}             one test per string, run after the code
-  Both keys may be given (the tests add up). Call-based tests (`fn_name`) are not supported.
+      {"fn_name": "add", "inputs": [[1, 2], ...], "outputs": [3, ...]}   call-based (APPS/TACO,
+          LeetCode): one call per argument list, of `Solution().add` if the program defines a
+          `class Solution` with that method, else of the function `add`; the return value must
+          equal the expected one (a tuple equals a list; `[3]` also accepts 3, as TACO stores it)
+  inputs/outputs and asserts may both be given (the tests add up); fn_name stands alone.
 
 Design
 ------
@@ -308,8 +312,7 @@ def _code_tests(reference, index: int) -> list[dict]:
     if not isinstance(reference, dict):
         raise ValueError(f"{where} must be a dict of tests, got {type(reference).__name__}")
     if "fn_name" in reference:
-        raise ValueError(f"{where} has 'fn_name': call-based tests are not supported, "
-                         "write them as 'asserts'")
+        return _call_tests(reference, where)
     inputs, outputs = reference.get("inputs", []), reference.get("outputs", [])
     asserts = reference.get("asserts", [])
     if not (isinstance(inputs, list) and isinstance(outputs, list) and len(inputs) == len(outputs)):
@@ -323,6 +326,42 @@ def _code_tests(reference, index: int) -> list[dict]:
     if not tests:
         raise ValueError(f"{where} has no tests: give 'inputs'/'outputs' and/or 'asserts'")
     return tests
+
+
+def _call_tests(reference: dict, where: str) -> list[dict]:
+    """Call-based tests (APPS/TACO, LeetCode style): {"fn_name": "f", "inputs": [[arg, ...], ...],
+    "outputs": [expected, ...]} -> [{"call": fn_name, "args": [...], "expected": ...}, ...]."""
+    name, inputs, outputs = reference["fn_name"], reference.get("inputs"), reference.get("outputs")
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise ValueError(f"{where}: 'fn_name' must be the name of a function, got {name!r}")
+    if not (isinstance(inputs, list) and isinstance(outputs, list) and len(inputs) == len(outputs) and inputs):
+        raise ValueError(f"{where}: call-based tests need 'inputs' (a list of argument lists) and 'outputs' "
+                         "(one expected value each), non-empty and of the same length")
+    for k, args in enumerate(inputs):
+        if not isinstance(args, list):
+            raise ValueError(f"{where}: inputs[{k}] must be the list of arguments of one call, got "
+                             f"{type(args).__name__}")
+    try:
+        return [{"call": name, "args": json.dumps(args), "expected": json.dumps(out)}
+                for args, out in zip(inputs, outputs)]
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: call-based inputs/outputs must be JSON values: {error}") from None
+
+
+# Appended to the program for a call-based test. Like the APPS/TACO graders: a `class Solution`
+# (LeetCode style) is instantiated and its method called, else the plain function; a returned tuple
+# equals a list (JSON has no tuples; here at any depth), and an expected value wrapped in a
+# one-element list (as TACO stores many) also matches the unwrapped one. No float tolerance.
+_CALL_HARNESS = """
+import json as _json
+def _lists(x):
+    return [_lists(v) for v in x] if isinstance(x, (list, tuple)) else x
+_target = Solution().{name} if "Solution" in globals() and hasattr(Solution, {name!r}) else {name}
+_out = _lists(_target(*_json.loads({args!r})))
+_expected = _json.loads({expected!r})
+if _out == _expected or (isinstance(_expected, list) and len(_expected) == 1 and _out == _expected[0]):
+    print({token!r})
+"""
 
 
 def _sandbox_user() -> tuple[int, int]:
@@ -503,10 +542,18 @@ def _run_code_tests(program: str, tests: list[dict], timeout: float) -> tuple[fl
     stdin/stdout test: exit code 0 and the same whitespace-separated tokens as expected.
     assert test: the program, then the assert, then a print of a random token; passes on exit
     code 0 with the token as the last line (so `exit(0)` at the top does not pass every test).
+    call-based test: the program, then `_CALL_HARNESS` (call, compare, print the token); the same rule.
     """
     passed, first_failure = 0, ""
     for k, test in enumerate(tests):
-        if "assert" in test:
+        if "call" in test:  # call-based: the program, then a call of its function and a comparison
+            token = os.urandom(8).hex()
+            harness = _CALL_HARNESS.format(name=test["call"], args=test["args"], expected=test["expected"],
+                                           token=token)
+            returncode, stdout = _run_sandboxed(f"{program}\n{harness}", None, timeout)
+            lines = stdout.strip().splitlines()
+            ok_output = bool(lines) and lines[-1].strip() == token
+        elif "assert" in test:
             token = os.urandom(8).hex()
             source = f"{program}\n\n{test['assert']}\nprint({token!r})\n"
             returncode, stdout = _run_sandboxed(source, None, timeout)

@@ -445,3 +445,40 @@ def test_critic_values_read_the_state_before_each_response_token(cache_dir):
             torch.testing.assert_close(values[i, :n], out[len(prompts[i]) - 1:len(prompts[i]) - 1 + n],
                                        atol=1e-5, rtol=1e-4)
             assert (values[i, n:] == 0).all()
+
+
+EURUS = Path(__file__).resolve().parent / "fixtures" / "eurus2_mixed.parquet"
+EURUS_SOLUTIONS = {  # a right program for each code row of the fixture, by its prompt's first words
+    "Read a and b": "a, b = map(int, input().split())\nprint(a + b)",
+    "Read n;": "print(int(input()) * 2)",
+    "Write add(a, b)": "class Solution:\n    def add(self, a, b):\n        return a + b",
+    "Write pair(n)": "def pair(n):\n    return (n, n)",
+}
+
+
+def test_prime_rl_data_schema_mixes_math_and_code_rows():
+    """PRIME's RL data (Eurus-2-RL-Data) in veRL's schema: `ability` picks the verifier per row; code
+    ground truths are JSON tests, stdin/stdout and call-based, and a right program passes them all."""
+    import verify
+    tokenizer = toy_task.build_tokenizer()
+    args = train.Args(data=str(EURUS), max_prompt_len=10_000, eval_problems=0)
+    tasks, held = train.load_tasks(args, tokenizer)
+    assert [t.kind for t in tasks] == ["math"] * 4 + ["code"] * 4 and held == []
+    assert tasks[0].text.startswith("What is 3+4?") and tasks[2].answer == "\\frac{3}{2}"
+    programs = [next(p for k, p in EURUS_SOLUTIONS.items() if t.text.startswith(k)) for t in tasks[4:]]
+    scores = verify.score_batch([f"```python\n{p}\n```" for p in programs], [t.answer for t in tasks[4:]],
+                                ["code"] * 4)
+    assert [s.reward for s in scores] == [1.0] * 4
+    wrong = verify.score_batch(["```python\nprint(0)\n```"] * 4, [t.answer for t in tasks[4:]], ["code"] * 4)
+    assert all(s.reward < 1.0 for s in wrong)
+
+
+def test_a_mixed_math_and_code_file_trains_and_logs_the_reward_per_ability(cache_dir, tmp_path):
+    run_dir = train.main(["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--out-dir", str(tmp_path),
+                          "--run-name", "mixed", "--steps", "2", "--prompts-per-step", "8", "--data", str(EURUS),
+                          "--max-prompt-len", "160", "--filter-low", "0", "--filter-high", "1"])
+    metrics = metrics_of(run_dir)
+    assert len(metrics) == 2
+    for m in metrics:  # every step draws both kinds here (8 prompts of 8 rows)
+        assert m["reward_math"] is not None and m["reward_code"] is not None
+        assert m["reward"] == pytest.approx((m["reward_math"] + m["reward_code"]) / 2)  # 4 rows of each

@@ -499,6 +499,43 @@ def test_assert_tests():
     assert score_code(both_ways, json.dumps(mixed)) == verify.Score(1.0, 1, "ok")
 
 
+TWO_SUM = {"fn_name": "twoSum", "inputs": [[[2, 7, 11, 15], 9], [[3, 2, 4], 6], [[3, 3], 6]],
+           "outputs": [[0, 1], [[1, 2]], [0, 1]]}  # the second wrapped in a one-element list, as TACO does
+
+
+@pytest.mark.parametrize("program, reward", [
+    # LeetCode style: a method of class Solution; a returned tuple equals the expected list
+    ("class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n"
+     "        for i, x in enumerate(nums):\n            if target - x in seen:\n"
+     "                return (seen[target - x], i)\n            seen[x] = i", 1.0),
+    # a plain function, right on two calls of three
+    ("def twoSum(nums, target):\n    return [0, 1]", 2 / 3),
+    # the wrong name, a crash, an early exit(0): no call passes
+    ("def two_sum(nums, target):\n    return [0, 1]", 0.0),
+    ("def twoSum(nums, target):\n    raise ValueError", 0.0),
+    ("import sys\nsys.exit(0)\ndef twoSum(nums, target):\n    return [0, 1]", 0.0),
+])
+def test_call_based_tests(program, reward):
+    """APPS/TACO/LeetCode call-based tests: reward = the fraction of calls whose return value equals
+    the expected one (tuple = list at any depth; [x] also accepts x)."""
+    score = score_code(program, TWO_SUM)
+    assert score.reward == pytest.approx(reward)
+    assert score_code(program, json.dumps(TWO_SUM)) == score  # the PRIME/Eurus JSON-string form
+
+
+def test_call_based_comparison_rules_by_hand():
+    nested = {"fn_name": "f", "inputs": [[]], "outputs": [[[1, 2], [3]]]}
+    assert score_code("def f():\n    return ((1, 2), (3,))", nested).reward == 1.0  # nested tuples
+    assert score_code("def f():\n    return [[1, 2], [3]]", nested).reward == 1.0  # the list itself
+    assert score_code("def f():\n    return [1, 2]", nested).reward == 0.0  # nested[0] is [[1, 2], [3]]
+    wrapped = {"fn_name": "f", "inputs": [[]], "outputs": [[7]]}
+    assert score_code("def f():\n    return 7", wrapped).reward == 1.0  # [7] accepts 7 (TACO)
+    assert score_code("def f():\n    return [7]", wrapped).reward == 1.0
+    assert score_code("def f():\n    return 7.0000001", wrapped).reward == 0.0  # no float tolerance
+    args = {"fn_name": "f", "inputs": [["a", 2, None]], "outputs": ["aa"]}  # JSON values as arguments
+    assert score_code("def f(s, n, x):\n    return s * n if x is None else ''", args).reward == 1.0
+
+
 def test_code_extraction_and_format_channel():
     two_blocks = "```python\nprint(0)\n```\nbetter:\n" + ADD
     with_example = "Input:\n```text\n1 2\n```\nOutput:\n```\n3\n```\nCode:\n" + ADD
@@ -515,8 +552,13 @@ def test_bad_arguments_raise_clear_errors():
         verify.score_batch(["x", "y"], ["1"], ["math"])
     with pytest.raises(ValueError, match=r"references\[1\] \(kind 'code'\) has no tests"):
         verify.score_batch([ADD, ADD], [{"inputs": ["1"], "outputs": ["1"]}, {}], ["code"] * 2)
-    with pytest.raises(ValueError, match="fn_name"):
-        verify.score_batch([ADD], [{"fn_name": "f", "inputs": [[1]], "outputs": [[1]]}], ["code"])
+    for bad, message in (({"fn_name": "not a name", "inputs": [[1]], "outputs": [1]}, "'fn_name' must be"),
+                         ({"fn_name": "f", "inputs": [[1], [2]], "outputs": [1]}, "of the same length"),
+                         ({"fn_name": "f", "inputs": [], "outputs": []}, "non-empty"),
+                         ({"fn_name": "f", "inputs": [1], "outputs": [1]}, r"inputs\[0\] must be the list of arguments"),
+                         ({"fn_name": "f", "inputs": [[{1, 2}]], "outputs": [1]}, "must be JSON values")):
+        with pytest.raises(ValueError, match=r"references\[0\] \(kind 'code'\).*" + message):
+            verify.score_batch([ADD], [bad], ["code"])
     with pytest.raises(ValueError, match=r"references\[0\] \(kind 'qa'\)"):
         verify.score_batch(["Final Answer: x"], [None], ["qa"])
 
