@@ -13,7 +13,8 @@ What one evaluation does, per benchmark:
        "Present the answer in LaTex format: \\boxed{Your answer}", through the model's chat template
        (plain text if the tokenizer has none); the toy benchmark uses the raw problem text;
     3. generate n responses per problem with the rollout backend used in training (rollout.py);
-    4. score every response with verify.py (last \\boxed{} answer, compared by math-verify);
+    4. score every response with verify.py (math-verify finds the answer and compares it;
+       `--math-grader official`: the last \\boxed{} only, as PRIME's grader);
     5. report pass@1, pass@k (unbiased estimator, k = 1, 2, 4, ... <= n), avg@n, mean response length,
        and a problem-level bootstrap 95% interval of pass@1, as a table on the terminal and as JSON
        (written atomically, default `<model>/eval.json`), with every problem's extracted answers.
@@ -32,13 +33,13 @@ Default benchmarks: `toy` when the tokenizer has no chat template (the embedded 
 the six math benchmarks. `--limit N` keeps the first N problems of each (quick checks).
 
 Simplifications relative to the papers' evaluation code:
-    1. One grader, verify.py (math-verify), for every benchmark; PRIME's official grader also
-       accepts "the answer is ..." without a box and compares numbers at 1e-4 relative tolerance.
+    1. One grader, verify.py (math-verify), for every benchmark; PRIME's official grader compares
+       numbers at 1e-4 relative tolerance, math-verify rounds to 6 decimals.
     2. OlympiadBench's several answers (is_multiple_answer) are one comma-joined gold, compared as a
        whole by math-verify; its `unit` field is not appended to the prompt.
     3. Only math benchmarks; PRIME's code benchmarks (LeetCode, LiveCodeBench) are not included.
-    4. Generation with HF `generate` on one device (vLLM: a later `--rollout` choice, see
-       make_sampler), in chunks of --batch-size responses.
+    4. Generation on one device, HF `generate` or a vLLM engine (`--rollout vllm`, tensor parallel 1),
+       in chunks of --batch-size responses.
 """
 
 import argparse
@@ -55,7 +56,7 @@ import torch
 
 import toy_task
 import verify
-from rollout import HFRollout
+from rollout import HFRollout, VLLMRollout
 
 # The paper's user suffix (PRIME's official prompt; identical to train.py's --user-suffix default).
 SUFFIX = "\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
@@ -299,12 +300,20 @@ def load_model(path: str):
 
 
 def make_sampler(args, tokenizer, max_new_tokens: int):
-    """The generation backend, model loading included: the one place a `--rollout` choice (vLLM,
-    which loads the weights itself) plugs in, with its name in --rollout's choices. A backend needs
-    generate(prompt_token_ids, n, greedy) -> Rollout and decode(rollout) -> list[str] (rollout.py)."""
+    """The generation backend, model loading included, behind train.py's sampler interface:
+    generate(prompt_token_ids, n, greedy) -> Rollout and decode(rollout) -> list[str] (rollout.py).
+    hf: HF generate on the model (bf16 on a GPU, fp32 on CPU). vllm: a vLLM engine that loads the
+    weights itself (bf16 on a GPU, fp32 on CPU), seeded once with --seed: a rerun of the same command
+    draws the same samples, but a benchmark's samples depend on the benchmarks evaluated before it
+    (HF reseeds before each one)."""
     if args.rollout == "hf":
         return HFRollout(load_model(args.model), tokenizer, max_new_tokens, args.temperature, args.top_p)
-    raise SystemExit(f"--rollout {args.rollout}: unknown backend")
+    from transformers import AutoConfig
+    on_gpu = torch.cuda.is_available()
+    return VLLMRollout(args.model, tokenizer, max_new_tokens, args.temperature, args.top_p,
+                       max_model_len=AutoConfig.from_pretrained(args.model).max_position_embeddings,
+                       seed=args.seed, dtype="bfloat16" if on_gpu else "float32",
+                       gpu_memory_utilization=args.gpu_memory_utilization)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -620,7 +629,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--math-grader", default="math-verify", choices=verify.MATH_GRADERS,
                    help="who finds a response's answer: math-verify's own extraction, or 'official' "
                         "(the last \\boxed{} only, as PRIME's grader)")
-    p.add_argument("--rollout", default="hf", choices=("hf",), help="generation backend (vLLM: a later issue)")
+    p.add_argument("--rollout", default="hf", choices=("hf", "vllm"),
+                   help="generation backend: HF generate, or a vLLM engine (much faster for n > 1 and long answers)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="--rollout vllm: fraction of the GPU for vLLM (no training shares it here)")
     p.add_argument("--out", default="", help="results JSON; default <model>/eval.json (./eval.json for a hub name)")
     p.add_argument("--plot", nargs="+", default=None, metavar="RUN_DIR",
                    help="instead of evaluating: plot these train.py run folders side by side")
@@ -667,6 +679,13 @@ def check_args(args: argparse.Namespace) -> None:
             raise SystemExit(f"--data-dir {args.data_dir}: no such folder (it holds the benchmark files)")
     if not Path(args.model).exists() and "/" not in args.model:
         raise SystemExit(f"--model {args.model}: no such local path (and not a hub name like org/model)")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise SystemExit(f"--gpu-memory-utilization {args.gpu_memory_utilization}: must be in (0, 1]")
+    if args.rollout == "vllm":
+        import importlib.util
+        if importlib.util.find_spec("vllm") is None:
+            raise SystemExit("--rollout vllm: vLLM is not installed (pip install -r requirements-vllm.txt), "
+                             "or use --rollout hf")
 
 
 def main(argv=None) -> dict | Path:

@@ -104,6 +104,9 @@ EVAL_BAD = [
     (["--model", "x", "--benchmarks", "math500", "--data-dir", "/nonexistent"], "--data-dir /nonexistent"),
     (["--benchmarks", "toy"], "--model is required"),
     (["--plot", "/nonexistent"], "--plot /nonexistent: no metrics.jsonl"),
+    (["--model", "README.md", "--rollout", "vllm", "--gpu-memory-utilization", "0"], "--gpu-memory-utilization 0.0"),
+    (["--model", "README.md", "--rollout", "sglang"], "--rollout"),
+    (["--model", "README.md", "--math-grader", "sympy"], "--math-grader"),
     (["--episodes", "/nonexistent"], "--episodes /nonexistent: no episodes.jsonl"),
 ]
 

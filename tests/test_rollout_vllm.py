@@ -214,3 +214,29 @@ def test_rollout_flag_and_its_default(monkeypatch):
 def test_sleep_mode_is_refused_on_cpu_naming_the_flag():
     with pytest.raises(SystemExit, match="--vllm-sleep"):
         VLLMRollout("unused", toy_task.build_tokenizer(), 8, max_model_len=64, seed=0, sleep=True)
+
+
+def run_eval(sft_path, out, *flags):
+    """eval.py in a subprocess (a vLLM engine of its own, a clean environment) -> its JSON report."""
+    cmd = [sys.executable, str(REPO / "eval.py"), "--model", str(sft_path), "--benchmarks", "toy", "--limit", "24",
+           "--out", str(out), *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=START_ENV)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(Path(out).read_text())
+
+
+def test_eval_on_vllm_greedy_equals_hf_and_samples_pass_at_k(vllm, sft_path, tmp_path):
+    """eval.py --rollout vllm through the same sampler interface as train.py: greedy answers equal
+    HF generate's (fp32 on CPU); sampled pass@k runs, with its own seed, at the given temperature."""
+    hf = run_eval(sft_path, tmp_path / "hf.json", "--greedy")
+    fast = run_eval(sft_path, tmp_path / "vllm.json", "--greedy", "--rollout", "vllm")
+    assert fast["settings"]["rollout"] == "vllm"
+    answers = [[p["answers"] for p in r["benchmarks"]["toy"]["per_problem"]] for r in (hf, fast)]
+    assert answers[0] == answers[1] and fast["benchmarks"]["toy"]["pass@1"] == hf["benchmarks"]["toy"]["pass@1"]
+    sampled = run_eval(sft_path, tmp_path / "s.json", "--rollout", "vllm", "--n", "4", "--temperature", "1.0",
+                       "--top-p", "1.0", "--seed", "3")
+    toy = sampled["benchmarks"]["toy"]
+    assert all(len(p["answers"]) == 4 for p in toy["per_problem"]) and toy["pass@1"] <= toy["pass@4"]
+    assert sampled["settings"]["seed"] == 3 and sampled["settings"]["temperature"] == 1.0
+    distinct = {tuple(p["answers"]) for p in toy["per_problem"] if len(set(p["answers"])) > 1}
+    assert distinct, "T = 1 samples of 24 problems should not all agree"
