@@ -47,24 +47,17 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
-import toy_task
 import verify
+from data import BENCHMARKS, DATA_DIR, MATH_BENCHMARKS, Item, build_prompt, check_benchmark_names, load_benchmark
 from rollout import HFRollout, VLLMRollout
 
-# The paper's user suffix (PRIME's official prompt; identical to train.py's --user-suffix default).
-SUFFIX = "\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
-MATH_BENCHMARKS = ("math500", "gsm8k", "aime24", "amc23", "minerva", "olympiad")
 BOOTSTRAP_RESAMPLES = 2000  # as PASS's Table 6: 2000 resamples of whole problems
 BOOTSTRAP_SEED = 0
-DATA_DIR = Path(__file__).resolve().parent.parent / "shared" / "data"  # ../shared/data, from any cwd
-TOY_PROBLEMS = 200          # toy_task.heldout_problems' default size, as in train.py
 PHASES = ("rollout", "verify", "prm", "policy", "other")  # train.py's step-time split
 
 # ---------------------------------------------------------------------------------------------------
@@ -111,165 +104,8 @@ def bootstrap_interval(values, resamples: int = BOOTSTRAP_RESAMPLES, seed: int =
 
 
 # ---------------------------------------------------------------------------------------------------
-# Benchmarks: files, question fields, gold answers (../shared/data/SOURCES.md)
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Item:
-    index: int     # row number in the benchmark file (0-based)
-    question: str  # the problem text, before any template or suffix
-    gold: str      # the gold answer as LaTeX, what verify.py compares against
-
-
-def gold_answer(row: dict) -> str:
-    """MATH-500, AIME, AMC: the `answer` field (AMC's is a JSON float such as 27.0)."""
-    return str(row["answer"])
-
-
-def gold_gsm8k(row: dict) -> str:
-    """GSM8K: the text after the final `####` of `answer` ("... #### 1,600" -> "1,600"; math-verify
-    reads the thousands separator, so a model writing 1600 is right)."""
-    if "####" not in row["answer"]:
-        raise ValueError("its 'answer' has no '####' before the final answer")
-    return row["answer"].split("####")[-1].strip()
-
-
-def gold_minerva(row: dict) -> str:
-    """Minerva Math has no answer field: the gold is the last \\boxed{} of `solution`."""
-    gold = verify.extract_boxed(row["solution"])
-    if gold is None:
-        raise ValueError("its 'solution' has no closed \\boxed{} to take the gold answer from")
-    return gold
-
-
-def gold_olympiad(row: dict) -> str:
-    """OlympiadBench: `final_answer` is a list of one string, which may hold several answers
-    ("$69$,$84$" when is_multiple_answer); joined with ", " if a list ever holds more."""
-    if not isinstance(row["final_answer"], list) or not row["final_answer"]:
-        raise ValueError(f"its 'final_answer' must be a non-empty list, got {row['final_answer']!r}")
-    return ", ".join(str(a) for a in row["final_answer"])
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    path: str                     # file under --data-dir ("" = built in code: the toy task)
-    question: str                 # field holding the problem text
-    gold: Callable[[dict], str]   # row -> gold answer; a missing field raises KeyError
-    rows: int                     # rows in the file (SOURCES.md), checked by the tests
-    max_new_tokens: int = 3072    # default generation cap: the paper's max response length
-    templated: bool = True        # chat template + the paper's suffix; False = the raw problem text
-
-
-BENCHMARKS = {
-    "math500": Benchmark("math500/test.jsonl", "problem", gold_answer, 500),
-    "gsm8k": Benchmark("gsm8k/test.jsonl", "question", gold_gsm8k, 1319),
-    "aime24": Benchmark("aime24/test.jsonl", "problem", gold_answer, 30),
-    "amc23": Benchmark("amc23/test.jsonl", "problem", gold_answer, 40),
-    "minerva": Benchmark("minerva_math/test.jsonl", "problem", gold_minerva, 272),
-    "olympiad": Benchmark("olympiadbench/test.jsonl", "question", gold_olympiad, 675),
-    # PRIME's own copies: its 83-problem AMC set is the "AMC" of PRIME's Table 1; its MATH-500 golds
-    # are cleaned renderings of the same 500 answers; its AIME file holds 2022-2024 (90 problems).
-    "prime_amc": Benchmark("prime_eval/aimo-validation-amc.jsonl", "question", gold_answer, 83),
-    "prime_aime": Benchmark("prime_eval/aimo-validation-aime.jsonl", "question", gold_answer, 90),
-    "prime_math500": Benchmark("prime_eval/math_test_cleaned.json", "problem",
-                               lambda row: str(row["expected_answer"]), 500),
-    # The embedded default's held-out problems, the ones train.py reports start/end accuracy on.
-    "toy": Benchmark("", "prompt", lambda row: row["answer"], TOY_PROBLEMS, max_new_tokens=48,
-                     templated=False),
-}
-
-
-def read_rows(path: Path) -> list[dict]:
-    """Rows of a .jsonl file, or of a pandas column-oriented .json (PRIME's MATH-500 copy)."""
-    if not path.exists():
-        raise SystemExit(f"--data-dir: {path} not found (see SOURCES.md in the data folder)")
-    if path.suffix == ".json":  # {"problem": {"0": ..., "1": ...}, "expected_answer": {...}, ...}
-        columns = json.loads(path.read_text(encoding="utf-8"))
-        keys = next(iter(columns.values()))
-        return [{name: columns[name].get(key) for name in columns} for key in keys]
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise SystemExit(f"{path}: line {number} is not JSON ({error})") from None
-    return rows
-
-
-def check_benchmark_names(text: str) -> list[str]:
-    """"math500, gsm8k" -> ["math500", "gsm8k"]; an unknown name fails here, before any loading."""
-    names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-    for name in names:
-        if name not in BENCHMARKS:
-            raise SystemExit(f"--benchmarks: unknown benchmark {name!r}; choose from "
-                             f"{', '.join(BENCHMARKS)}")
-    if not names:
-        raise SystemExit("--benchmarks: no benchmark named")
-    return names
-
-
-def load_benchmark(name: str, data_dir: str | Path, limit: int = 0) -> list[Item]:
-    """The problems of one benchmark (the first `limit` if limit > 0), each with its gold answer.
-
-    load_benchmark("gsm8k", "../shared/data", 1)[0].gold -> "18"
-    A missing file, a missing field or an unreadable gold stops with a message naming the
-    benchmark, the file, the row and the field.
-    """
-    check_benchmark_names(name)
-    bench = BENCHMARKS[name]
-    if name == "toy":
-        source = "toy_task.heldout_problems"
-        rows = [{"prompt": p.prompt, "answer": p.answer}
-                for p in toy_task.heldout_problems(limit or TOY_PROBLEMS)]
-    else:
-        source = Path(data_dir) / bench.path
-        rows = read_rows(source)
-    if limit:
-        rows = rows[:limit]
-    if not rows:
-        raise SystemExit(f"--benchmarks {name}: {source} holds no problems")
-    items = []
-    for index, row in enumerate(rows):
-        where = f"--benchmarks {name}: {source} row {index + 1}"
-        try:
-            items.append(Item(index, str(row[bench.question]), bench.gold(row)))
-        except KeyError as error:
-            raise SystemExit(f"{where} has no field {error.args[0]!r} (fields: {sorted(row)}); "
-                             "see SOURCES.md for each benchmark's gold field") from None
-        except ValueError as error:
-            raise SystemExit(f"{where}: {error}") from None
-    return items
-
-
-# ---------------------------------------------------------------------------------------------------
 # Prompts, model, generation backend
 # ---------------------------------------------------------------------------------------------------
-
-
-def build_prompt(tokenizer, question: str, templated: bool = True, system_prompt: str = ""
-                 ) -> tuple[list[int], str]:
-    """(prompt token ids, prompt text) exactly as train.row_to_task builds a training prompt.
-
-    The model must see at evaluation the prompt it was trained on: question + the paper's suffix
-    as the user message, through the chat template with the generation prompt; a tokenizer without
-    a template (a base model, the toy model) gets the plain text. templated=False: the raw question.
-    """
-    if not templated:
-        return list(tokenizer(question)["input_ids"]), question
-    messages = [{"role": "user", "content": question + SUFFIX}]
-    if system_prompt:
-        messages.insert(0, {"role": "system", "content": system_prompt})
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
-            ids = ids["input_ids"]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return list(ids), text
-    text = "\n\n".join(m["content"] for m in messages)
-    return list(tokenizer(text)["input_ids"]), text
 
 
 def load_tokenizer(path: str):

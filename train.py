@@ -36,7 +36,6 @@ import math
 import os
 import random
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +49,7 @@ import prime
 import step_prm
 import toy_task
 import verify
+from data import Task, load_tasks
 from rollout import HFRollout, Rollout, VLLMRollout, position_ids_from_mask
 
 # ---------------------------------------------------------------------------------------------------
@@ -400,120 +400,6 @@ def all_reduce(values: list[float], d: Dist, op=None) -> list[float]:
 def print0(d: Dist, *a, **kw):
     if d.master:
         print(*a, **kw, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Data: prompts and gold answers
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Task:
-    prompt_ids: list[int]  # the tokenised prompt (chat template and suffix applied)
-    answer: str | list     # gold answer (math/qa; qa may list aliases) or a JSON string of tests (code)
-    kind: str              # "math", "code" or "qa": which verifier scores it
-    text: str = ""         # the prompt as text, for logs
-
-
-def load_rows(path: str) -> list[dict]:
-    p = Path(path)
-    if not p.exists():
-        raise SystemExit(f"--data {path}: file not found")
-    if p.suffix == ".jsonl":
-        rows = []
-        with open(p) as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise SystemExit(f"--data {path}: line {n} is not JSON ({e})")
-        return rows
-    if p.suffix == ".parquet":
-        import pyarrow.parquet as pq
-        return pq.read_table(p).to_pylist()
-    raise SystemExit(f"--data {path}: expected a .jsonl or .parquet file")
-
-
-# The paper's user suffix (PRIME's math runs) and PASS's multi-hop QA instruction (seed Sec. 5.1:
-# reason from the context only, one step per line, end with "Final Answer: [Entity]").
-MATH_SUFFIX = "\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
-QA_SUFFIX = ("\n\nAnswer using only the context above. Write one reasoning step per line, then end "
-             "with a line of the form: Final Answer: [Entity]")
-
-
-def qa_context(context) -> str:
-    """HotpotQA's context as text: a string as is; [[title, [sentences]], ...] (the original json) or
-    {"title": [...], "sentences": [[...], ...]} (the Hugging Face copy) as titled paragraphs."""
-    if isinstance(context, str):
-        return context
-    if isinstance(context, dict):
-        context = list(zip(context.get("title", []), context.get("sentences", [])))
-    return "\n".join(f"[{title}] " + "".join(sentences) for title, sentences in context)
-
-
-def row_to_task(row: dict, index: int, args: Args, tokenizer) -> Task:
-    """One data row -> Task; understands veRL's schema (prompt = chat messages, reward_model.ground_truth)."""
-    if isinstance(row.get("prompt"), list) and isinstance(row.get("reward_model"), dict):  # veRL schema
-        messages = [dict(m) for m in row["prompt"]]
-        answer = row["reward_model"].get("ground_truth")
-        kind = {"math": "math", "code": "code", "coding": "code", "qa": "qa"}.get(str(row.get("ability", "math")), "math")
-        if answer is None:
-            raise SystemExit(f"--data row {index}: reward_model.ground_truth is missing")
-    else:
-        for key in (args.prompt_key, args.answer_key):
-            if key not in row:
-                raise SystemExit(f"--data row {index}: no field {key!r} (fields: {sorted(row)}); "
-                                 f"set --prompt-key / --answer-key")
-        question, kind = str(row[args.prompt_key]), args.task
-        if kind == "qa" and row.get(args.context_key):
-            question = f"Context:\n{qa_context(row[args.context_key])}\n\nQuestion: {question}"
-        suffix = (QA_SUFFIX if kind == "qa" else MATH_SUFFIX) if args.user_suffix == "default" else args.user_suffix
-        messages = [{"role": "user", "content": question + suffix}]
-        if args.system_prompt:
-            messages.insert(0, {"role": "system", "content": args.system_prompt})
-        answer = row[args.answer_key]
-    if kind == "qa" and isinstance(answer, (list, tuple)):  # QA aliases: verify.py takes the best match
-        answer = [str(a) for a in answer]
-    elif isinstance(answer, (list, tuple)):  # e.g. OlympiadBench's final_answer lists
-        answer = ", ".join(str(a) for a in answer)
-    if not isinstance(answer, (str, list)):
-        answer = json.dumps(answer) if kind == "code" else str(answer)
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
-            ids = ids["input_ids"]
-    else:  # a base model without a template: plain text
-        ids = tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"]
-    return Task(list(ids), answer, kind, messages[-1]["content"])
-
-
-def check_golds(tasks: list[Task], path: str, math_grader: str = "math-verify") -> None:
-    """Every math gold answer must verify against itself, or every reward for it would be 0."""
-    math_tasks = [t for t in tasks if t.kind == "math"][:256]
-    scores = verify.score_batch([f"\\boxed{{{t.answer}}}" for t in math_tasks], [t.answer for t in math_tasks],
-                                ["math"] * len(math_tasks), math_grader=math_grader)
-    bad = [t.answer for t, s in zip(math_tasks, scores) if s.reward < 1.0]
-    if bad:
-        raise SystemExit(f"--data {path}: {len(bad)} gold answers do not verify against themselves "
-                         f"(e.g. {bad[0]!r}); check --answer-key")
-
-
-def load_tasks(args: Args, tokenizer) -> tuple[list[Task], list[Task]]:
-    """(training tasks, held-out tasks)."""
-    if not args.data:
-        def toy(p):
-            return Task(tokenizer(p.prompt)["input_ids"], p.answer, "math", p.prompt)
-        # Training prompts are drawn fresh each step (see toy_prompts); only held-out ones are listed.
-        return [], [toy(p) for p in toy_task.heldout_problems(args.eval_problems, toy_task.parse_ops(args.toy_ops))]
-    rows = load_rows(args.data)
-    tasks = [row_to_task(r, i, args, tokenizer) for i, r in enumerate(rows)]
-    kept = [t for t in tasks if len(t.prompt_ids) <= args.max_prompt_len]
-    if len(kept) < len(tasks):
-        print(f"warning: dropped {len(tasks) - len(kept)} prompts longer than --max-prompt-len {args.max_prompt_len}")
-    check_golds(kept, args.data, args.math_grader)
-    n_eval = min(args.eval_problems, len(kept) // 10)
-    return kept[n_eval:], kept[:n_eval]
 
 
 def step_prompts(args: Args, train_tasks: list[Task], tokenizer, step: int, d: Dist) -> list[Task]:

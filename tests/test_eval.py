@@ -20,6 +20,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+import data  # noqa: E402
 import eval  # noqa: E402  (our eval.py; shadows the builtin only inside this file)
 import toy_task  # noqa: E402
 import verify  # noqa: E402
@@ -148,8 +149,8 @@ KNOWN_FAILURES: dict[tuple[str, int], str] = {}
 
 
 def test_every_gold_verifies_against_itself():
-    items = [(name, item) for name in eval.BENCHMARKS for item in eval.load_benchmark(name, DATA)]
-    for name, bench in eval.BENCHMARKS.items():  # row counts as in SOURCES.md
+    items = [(name, item) for name in data.BENCHMARKS for item in data.load_benchmark(name, DATA)]
+    for name, bench in data.BENCHMARKS.items():  # row counts as in SOURCES.md
         assert sum(n == name for n, _ in items) == bench.rows, name
     golds = {(name, item.index): item.gold for name, item in items}
     for name, index, gold in HAND_READ:
@@ -187,23 +188,23 @@ def test_multiple_answer_gold_needs_all_answers_in_any_order():
 def test_prompts_match_training_prompts_with_and_without_chat_template(sft):
     import train
     tokenizer = eval.load_tokenizer(str(sft))
-    assert eval.SUFFIX == train.MATH_SUFFIX
+    assert data.MATH_SUFFIX.endswith("Present the answer in LaTex format: \\boxed{Your answer}")  # the paper's
     row = {"problem": "What is $1+1$?", "answer": "2"}
     for template in (None, "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"
                            "{% if add_generation_prompt %}[assistant]{% endif %}"):
         tokenizer.chat_template = template
         for system in ("", "Think step by step."):
-            ids, text = eval.build_prompt(tokenizer, row["problem"], system_prompt=system)
-            task = train.row_to_task(row, 0, train.Args(system_prompt=system), tokenizer)
+            ids, text = data.build_prompt(tokenizer, row["problem"], system_prompt=system)
+            task = data.row_to_task(row, 0, train.Args(system_prompt=system), tokenizer)
             assert ids == task.prompt_ids
             if template:
                 assert text.startswith(f"[system]{system}\n" if system else "[user]")
-                assert text.endswith(f"[user]{row['problem']}{eval.SUFFIX}\n[assistant]")
+                assert text.endswith(f"[user]{row['problem']}{data.MATH_SUFFIX}\n[assistant]")
             else:
-                assert text == (f"{system}\n\n" if system else "") + row["problem"] + eval.SUFFIX
+                assert text == (f"{system}\n\n" if system else "") + row["problem"] + data.MATH_SUFFIX
     tokenizer.chat_template = None
     problem = toy_task.heldout_problems(1)[0]  # the toy benchmark: the raw problem text
-    assert eval.build_prompt(tokenizer, problem.prompt, templated=False) == (
+    assert data.build_prompt(tokenizer, problem.prompt, templated=False) == (
         tokenizer(problem.prompt)["input_ids"], problem.prompt)
 
 
@@ -279,7 +280,7 @@ def test_math500_slice_end_to_end(sft, tmp_path, capsys):
     math500 = report["benchmarks"]["math500"]
     rows = [json.loads(line) for line in open(DATA / "math500/test.jsonl", encoding="utf-8")][:20]
     assert math500["problems"] == 20 and [p["gold"] for p in math500["per_problem"]] == [r["answer"] for r in rows]
-    assert math500["example_prompt"] == rows[0]["problem"] + eval.SUFFIX  # no chat template: plain text
+    assert math500["example_prompt"] == rows[0]["problem"] + data.MATH_SUFFIX  # no chat template: plain text
     assert 0.0 <= math500["pass@1"] <= 1.0 and 0 < math500["response_length"] <= 32
     assert report["settings"]["max_new_tokens"] == 32
     assert json.loads((tmp_path / "r.json").read_text())["benchmarks"]["math500"]["problems"] == 20
@@ -324,22 +325,22 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def test_missing_files_and_fields_name_the_benchmark_file_row_and_field(sft, tmp_path):
-    with pytest.raises(SystemExit, match=r"--data-dir: .*math500/test.jsonl not found"):
-        eval.load_benchmark("math500", tmp_path)
+    with pytest.raises(SystemExit, match=r"--data-dir .*math500/test.jsonl: file not found"):
+        data.load_benchmark("math500", tmp_path)
     _write_jsonl(tmp_path / "math500/test.jsonl", [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?"}])
     with pytest.raises(SystemExit, match=r"--benchmarks math500: .*test.jsonl row 2 has no field 'answer'"):
         eval.main(["--model", str(sft), "--benchmarks", "math500", "--data-dir", str(tmp_path)])
     _write_jsonl(tmp_path / "aime24/test.jsonl", [])
     with pytest.raises(SystemExit, match=r"--benchmarks aime24: .*test.jsonl holds no problems"):
-        eval.load_benchmark("aime24", tmp_path)
+        data.load_benchmark("aime24", tmp_path)
     _write_jsonl(tmp_path / "gsm8k/test.jsonl", [{"question": "q", "answer": "so 4"}])
     with pytest.raises(SystemExit, match=r"gsm8k: .* row 1: its 'answer' has no '####'"):
-        eval.load_benchmark("gsm8k", tmp_path)
+        data.load_benchmark("gsm8k", tmp_path)
     _write_jsonl(tmp_path / "minerva_math/test.jsonl", [{"problem": "q", "solution": "it is 4"}])
     with pytest.raises(SystemExit, match=r"minerva: .* row 1: its 'solution' has no closed \\boxed"):
-        eval.load_benchmark("minerva", tmp_path)
+        data.load_benchmark("minerva", tmp_path)
     _write_jsonl(tmp_path / "olympiadbench/test.jsonl", [{"question": "q", "final_answer": "4"}])
     with pytest.raises(SystemExit, match=r"olympiad: .* row 1: its 'final_answer' must be a non-empty list"):
-        eval.load_benchmark("olympiad", tmp_path)
+        data.load_benchmark("olympiad", tmp_path)
 
 

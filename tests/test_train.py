@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import data
 import toy_task
 import train
 from rollout import HFRollout
@@ -213,13 +214,13 @@ def test_verl_parquet_and_jsonl_rows_become_tasks(tmp_path):
              "reward_model": {"style": "rule", "ground_truth": "3"}}]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
     args = train.Args(data=str(tmp_path / "train.parquet"), eval_problems=0)
-    tasks, held = train.load_tasks(args, tokenizer)
+    tasks, held = data.load_tasks(args, tokenizer)
     assert [t.answer for t in tasks] == ["9", "3"] and held == []
     assert tokenizer.decode(tasks[0].prompt_ids) == "(1+2)*3\n\n"  # the chat template was applied
     assert tasks[0].kind == "math"
     (tmp_path / "t.jsonl").write_text(json.dumps({"problem": "2*4", "answer": 8}) + "\n")
     args = train.Args(data=str(tmp_path / "t.jsonl"), user_suffix="=", eval_problems=0)
-    tasks, _ = train.load_tasks(args, tokenizer)
+    tasks, _ = data.load_tasks(args, tokenizer)
     assert tasks[0].answer == "8" and tokenizer.decode(tasks[0].prompt_ids) == "2*4=\n"
 
 
@@ -283,14 +284,14 @@ def test_qa_rows_become_hotpotqa_style_tasks(tmp_path):
     (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     args = train.Args(data=str(tmp_path / "qa.jsonl"), task="qa", prompt_key="question", max_prompt_len=10_000,
                       eval_problems=0)
-    tasks, _ = train.load_tasks(args, tokenizer)
+    tasks, _ = data.load_tasks(args, tokenizer)
     assert [t.kind for t in tasks] == ["qa"] * 3
-    assert tasks[0].text == "Context:\n[France] Paris is big. It is old.\n\nQuestion: Q1?" + train.QA_SUFFIX
+    assert tasks[0].text == "Context:\n[France] Paris is big. It is old.\n\nQuestion: Q1?" + data.QA_SUFFIX
     assert tasks[1].text.startswith("Context:\n[A] a1.a2.\n[B] b1.\n\nQuestion: Q2?")
     assert tasks[1].answer == ["NYC", "New York"]  # aliases stay a list: verify.py takes the best match
-    assert tasks[2].text == "Q3?" + train.QA_SUFFIX  # no context field: the question alone
-    assert "Final Answer: [Entity]" in train.QA_SUFFIX
-    tasks, _ = train.load_tasks(train.Args(data=str(tmp_path / "qa.jsonl"), task="qa", prompt_key="question",
+    assert tasks[2].text == "Q3?" + data.QA_SUFFIX  # no context field: the question alone
+    assert "Final Answer: [Entity]" in data.QA_SUFFIX
+    tasks, _ = data.load_tasks(train.Args(data=str(tmp_path / "qa.jsonl"), task="qa", prompt_key="question",
                                            max_prompt_len=10_000, eval_problems=0, user_suffix=""), tokenizer)
     assert tasks[2].text == "Q3?"  # --user-suffix '' means no suffix at all
 
@@ -316,7 +317,7 @@ def test_sampled_heldout_accuracy_near_zero_temperature_equals_greedy_and_keeps_
     model = AutoModelForCausalLM.from_pretrained(path)
     tokenizer = toy_task.build_tokenizer()
     args = train.Args(temperature=1e-4, eval_problems=24, max_response_len=96, rollout="hf")
-    _, tasks = train.load_tasks(args, tokenizer)
+    _, tasks = data.load_tasks(args, tokenizer)
     d = train.Dist()
     state = torch.get_rng_state()
     greedy = train.heldout_accuracy(model, tokenizer, tasks, args, d)
@@ -462,7 +463,7 @@ def test_prime_rl_data_schema_mixes_math_and_code_rows():
     import verify
     tokenizer = toy_task.build_tokenizer()
     args = train.Args(data=str(EURUS), max_prompt_len=10_000, eval_problems=0)
-    tasks, held = train.load_tasks(args, tokenizer)
+    tasks, held = data.load_tasks(args, tokenizer)
     assert [t.kind for t in tasks] == ["math"] * 4 + ["code"] * 4 and held == []
     assert tasks[0].text.startswith("What is 3+4?") and tasks[2].answer == "\\frac{3}{2}"
     programs = [next(p for k, p in EURUS_SOLUTIONS.items() if t.text.startswith(k)) for t in tasks[4:]]

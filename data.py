@@ -1,0 +1,290 @@
+"""Data: reading rows, building prompts, gold answers. One module for train.py and eval.py.
+
+    read_rows(path)                  rows of a .jsonl, .parquet or column-oriented .json file
+    row_to_task(row, i, args, tok)   a training row (veRL's schema or flat fields) -> Task(prompt ids, answer, kind)
+    load_tasks(args, tok)            train.py's (training tasks, held-out tasks): --data, or the embedded task
+    build_prompt(tok, question)      eval.py's prompt of a benchmark question: the same template and suffix
+    load_benchmark(name, data_dir)   eval.py's problems and gold answers of one benchmark (BENCHMARKS)
+
+A prompt is the same wherever it is built: the question plus the task's suffix as the user message
+(after an optional system message), through the tokenizer's chat template with the generation
+prompt, or the plain text for a tokenizer without one (a base model, the embedded toy model).
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import toy_task
+import verify
+
+# The paper's user suffix (PRIME's official prompt, for training and evaluation alike) and PASS's
+# multi-hop QA instruction (seed Sec. 5.1: reason from the context only, one step per line, end with
+# "Final Answer: [Entity]").
+MATH_SUFFIX = "\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
+QA_SUFFIX = ("\n\nAnswer using only the context above. Write one reasoning step per line, then end "
+             "with a line of the form: Final Answer: [Entity]")
+MATH_BENCHMARKS = ("math500", "gsm8k", "aime24", "amc23", "minerva", "olympiad")
+DATA_DIR = Path(__file__).resolve().parent.parent / "shared" / "data"  # ../shared/data, from any cwd
+TOY_PROBLEMS = 200          # toy_task.heldout_problems' default size, as in train.py
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rows and prompts
+# ---------------------------------------------------------------------------------------------------
+
+
+def read_rows(path: str | Path, flag: str = "--data") -> list[dict]:
+    """Rows of a .jsonl file, a .parquet file (veRL's schema: nested fields come back as dicts and
+    lists), or a pandas column-oriented .json (PRIME's MATH-500 copy). Errors name `flag` and the file."""
+    p = Path(path)
+    if not p.exists():
+        raise SystemExit(f"{flag} {path}: file not found" + (" (see SOURCES.md in the data folder)"
+                                                             if flag == "--data-dir" else ""))
+    if p.suffix == ".jsonl":
+        rows = []
+        with open(p, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise SystemExit(f"{flag} {path}: line {n} is not JSON ({e})") from None
+        return rows
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+        return pq.read_table(p).to_pylist()
+    if p.suffix == ".json":  # {"problem": {"0": ..., "1": ...}, "expected_answer": {...}, ...}
+        columns = json.loads(p.read_text(encoding="utf-8"))
+        keys = next(iter(columns.values()))
+        return [{name: columns[name].get(key) for name in columns} for key in keys]
+    raise SystemExit(f"{flag} {path}: expected a .jsonl, .parquet or .json file")
+
+
+def encode_messages(tokenizer, messages: list[dict]) -> tuple[list[int], str]:
+    """(token ids, text) of a prompt: the chat template with the generation prompt, or, for a
+    tokenizer without a template, the messages' contents joined by blank lines."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids), tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    text = "\n\n".join(m["content"] for m in messages)
+    return list(tokenizer(text)["input_ids"]), text
+
+
+def build_prompt(tokenizer, question: str, templated: bool = True, system_prompt: str = ""
+                 ) -> tuple[list[int], str]:
+    """(prompt token ids, prompt text) of a benchmark question, exactly as row_to_task builds a
+    training prompt from a plain row (both go through encode_messages).
+
+    The model must see at evaluation the prompt it was trained on: question + the paper's suffix
+    as the user message, through the chat template with the generation prompt; a tokenizer without
+    a template (a base model, the toy model) gets the plain text. templated=False: the raw question.
+    """
+    if not templated:
+        return list(tokenizer(question)["input_ids"]), question
+    messages = [{"role": "user", "content": question + MATH_SUFFIX}]
+    if system_prompt:
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return encode_messages(tokenizer, messages)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Training data: rows -> prompts (Task) and gold answers
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Task:
+    prompt_ids: list[int]  # the tokenised prompt (chat template and suffix applied)
+    answer: str | list     # gold answer (math/qa; qa may list aliases) or a JSON string of tests (code)
+    kind: str              # "math", "code" or "qa": which verifier scores it
+    text: str = ""         # the prompt as text, for logs
+
+
+def qa_context(context) -> str:
+    """HotpotQA's context as text: a string as is; [[title, [sentences]], ...] (the original json) or
+    {"title": [...], "sentences": [[...], ...]} (the Hugging Face copy) as titled paragraphs."""
+    if isinstance(context, str):
+        return context
+    if isinstance(context, dict):
+        context = list(zip(context.get("title", []), context.get("sentences", [])))
+    return "\n".join(f"[{title}] " + "".join(sentences) for title, sentences in context)
+
+
+def row_to_task(row: dict, index: int, args, tokenizer) -> Task:
+    """One data row -> Task; understands veRL's schema (prompt = chat messages, reward_model.ground_truth)."""
+    if isinstance(row.get("prompt"), list) and isinstance(row.get("reward_model"), dict):  # veRL schema
+        messages = [dict(m) for m in row["prompt"]]
+        answer = row["reward_model"].get("ground_truth")
+        kind = {"math": "math", "code": "code", "coding": "code", "qa": "qa"}.get(str(row.get("ability", "math")), "math")
+        if answer is None:
+            raise SystemExit(f"--data row {index}: reward_model.ground_truth is missing")
+    else:
+        for key in (args.prompt_key, args.answer_key):
+            if key not in row:
+                raise SystemExit(f"--data row {index}: no field {key!r} (fields: {sorted(row)}); "
+                                 f"set --prompt-key / --answer-key")
+        question, kind = str(row[args.prompt_key]), args.task
+        if kind == "qa" and row.get(args.context_key):
+            question = f"Context:\n{qa_context(row[args.context_key])}\n\nQuestion: {question}"
+        suffix = (QA_SUFFIX if kind == "qa" else MATH_SUFFIX) if args.user_suffix == "default" else args.user_suffix
+        messages = [{"role": "user", "content": question + suffix}]
+        if args.system_prompt:
+            messages.insert(0, {"role": "system", "content": args.system_prompt})
+        answer = row[args.answer_key]
+    if kind == "qa" and isinstance(answer, (list, tuple)):  # QA aliases: verify.py takes the best match
+        answer = [str(a) for a in answer]
+    elif isinstance(answer, (list, tuple)):  # e.g. OlympiadBench's final_answer lists
+        answer = ", ".join(str(a) for a in answer)
+    if not isinstance(answer, (str, list)):
+        answer = json.dumps(answer) if kind == "code" else str(answer)
+    ids, _ = encode_messages(tokenizer, messages)
+    return Task(ids, answer, kind, messages[-1]["content"])
+
+
+def check_golds(tasks: list[Task], path: str, math_grader: str = "math-verify") -> None:
+    """Every math gold answer must verify against itself, or every reward for it would be 0."""
+    math_tasks = [t for t in tasks if t.kind == "math"][:256]
+    scores = verify.score_batch([f"\\boxed{{{t.answer}}}" for t in math_tasks], [t.answer for t in math_tasks],
+                                ["math"] * len(math_tasks), math_grader=math_grader)
+    bad = [t.answer for t, s in zip(math_tasks, scores) if s.reward < 1.0]
+    if bad:
+        raise SystemExit(f"--data {path}: {len(bad)} gold answers do not verify against themselves "
+                         f"(e.g. {bad[0]!r}); check --answer-key")
+
+
+def load_tasks(args, tokenizer) -> tuple[list[Task], list[Task]]:
+    """(training tasks, held-out tasks)."""
+    if not args.data:
+        def toy(p):
+            return Task(tokenizer(p.prompt)["input_ids"], p.answer, "math", p.prompt)
+        # Training prompts are drawn fresh each step (see toy_prompts); only held-out ones are listed.
+        return [], [toy(p) for p in toy_task.heldout_problems(args.eval_problems, toy_task.parse_ops(args.toy_ops))]
+    rows = read_rows(args.data)
+    tasks = [row_to_task(r, i, args, tokenizer) for i, r in enumerate(rows)]
+    kept = [t for t in tasks if len(t.prompt_ids) <= args.max_prompt_len]
+    if len(kept) < len(tasks):
+        print(f"warning: dropped {len(tasks) - len(kept)} prompts longer than --max-prompt-len {args.max_prompt_len}")
+    check_golds(kept, args.data, args.math_grader)
+    n_eval = min(args.eval_problems, len(kept) // 10)
+    return kept[n_eval:], kept[:n_eval]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Benchmarks: files, question fields, gold answers (../shared/data/SOURCES.md)
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Item:
+    index: int     # row number in the benchmark file (0-based)
+    question: str  # the problem text, before any template or suffix
+    gold: str      # the gold answer as LaTeX, what verify.py compares against
+
+
+def gold_answer(row: dict) -> str:
+    """MATH-500, AIME, AMC: the `answer` field (AMC's is a JSON float such as 27.0)."""
+    return str(row["answer"])
+
+
+def gold_gsm8k(row: dict) -> str:
+    """GSM8K: the text after the final `####` of `answer` ("... #### 1,600" -> "1,600"; math-verify
+    reads the thousands separator, so a model writing 1600 is right)."""
+    if "####" not in row["answer"]:
+        raise ValueError("its 'answer' has no '####' before the final answer")
+    return row["answer"].split("####")[-1].strip()
+
+
+def gold_minerva(row: dict) -> str:
+    """Minerva Math has no answer field: the gold is the last \\boxed{} of `solution`."""
+    gold = verify.extract_boxed(row["solution"])
+    if gold is None:
+        raise ValueError("its 'solution' has no closed \\boxed{} to take the gold answer from")
+    return gold
+
+
+def gold_olympiad(row: dict) -> str:
+    """OlympiadBench: `final_answer` is a list of one string, which may hold several answers
+    ("$69$,$84$" when is_multiple_answer); joined with ", " if a list ever holds more."""
+    if not isinstance(row["final_answer"], list) or not row["final_answer"]:
+        raise ValueError(f"its 'final_answer' must be a non-empty list, got {row['final_answer']!r}")
+    return ", ".join(str(a) for a in row["final_answer"])
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    path: str                     # file under --data-dir ("" = built in code: the toy task)
+    question: str                 # field holding the problem text
+    gold: Callable[[dict], str]   # row -> gold answer; a missing field raises KeyError
+    rows: int                     # rows in the file (SOURCES.md), checked by the tests
+    max_new_tokens: int = 3072    # default generation cap: the paper's max response length
+    templated: bool = True        # chat template + the paper's suffix; False = the raw problem text
+
+
+BENCHMARKS = {
+    "math500": Benchmark("math500/test.jsonl", "problem", gold_answer, 500),
+    "gsm8k": Benchmark("gsm8k/test.jsonl", "question", gold_gsm8k, 1319),
+    "aime24": Benchmark("aime24/test.jsonl", "problem", gold_answer, 30),
+    "amc23": Benchmark("amc23/test.jsonl", "problem", gold_answer, 40),
+    "minerva": Benchmark("minerva_math/test.jsonl", "problem", gold_minerva, 272),
+    "olympiad": Benchmark("olympiadbench/test.jsonl", "question", gold_olympiad, 675),
+    # PRIME's own copies: its 83-problem AMC set is the "AMC" of PRIME's Table 1; its MATH-500 golds
+    # are cleaned renderings of the same 500 answers; its AIME file holds 2022-2024 (90 problems).
+    "prime_amc": Benchmark("prime_eval/aimo-validation-amc.jsonl", "question", gold_answer, 83),
+    "prime_aime": Benchmark("prime_eval/aimo-validation-aime.jsonl", "question", gold_answer, 90),
+    "prime_math500": Benchmark("prime_eval/math_test_cleaned.json", "problem",
+                               lambda row: str(row["expected_answer"]), 500),
+    # The embedded default's held-out problems, the ones train.py reports start/end accuracy on.
+    "toy": Benchmark("", "prompt", lambda row: row["answer"], TOY_PROBLEMS, max_new_tokens=48,
+                     templated=False),
+}
+
+
+def check_benchmark_names(text: str) -> list[str]:
+    """"math500, gsm8k" -> ["math500", "gsm8k"]; an unknown name fails here, before any loading."""
+    names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    for name in names:
+        if name not in BENCHMARKS:
+            raise SystemExit(f"--benchmarks: unknown benchmark {name!r}; choose from "
+                             f"{', '.join(BENCHMARKS)}")
+    if not names:
+        raise SystemExit("--benchmarks: no benchmark named")
+    return names
+
+
+def load_benchmark(name: str, data_dir: str | Path, limit: int = 0) -> list[Item]:
+    """The problems of one benchmark (the first `limit` if limit > 0), each with its gold answer.
+
+    load_benchmark("gsm8k", "../shared/data", 1)[0].gold -> "18"
+    A missing file, a missing field or an unreadable gold stops with a message naming the
+    benchmark, the file, the row and the field.
+    """
+    check_benchmark_names(name)
+    bench = BENCHMARKS[name]
+    if name == "toy":
+        source = "toy_task.heldout_problems"
+        rows = [{"prompt": p.prompt, "answer": p.answer}
+                for p in toy_task.heldout_problems(limit or TOY_PROBLEMS)]
+    else:
+        source = Path(data_dir) / bench.path
+        rows = read_rows(source, "--data-dir")
+    if limit:
+        rows = rows[:limit]
+    if not rows:
+        raise SystemExit(f"--benchmarks {name}: {source} holds no problems")
+    items = []
+    for index, row in enumerate(rows):
+        where = f"--benchmarks {name}: {source} row {index + 1}"
+        try:
+            items.append(Item(index, str(row[bench.question]), bench.gold(row)))
+        except KeyError as error:
+            raise SystemExit(f"{where} has no field {error.args[0]!r} (fields: {sorted(row)}); "
+                             "see SOURCES.md for each benchmark's gold field") from None
+        except ValueError as error:
+            raise SystemExit(f"{where}: {error}") from None
+    return items
+
+
