@@ -388,6 +388,32 @@ def setup_distributed() -> Dist:
     return Dist(rank, world, local_rank, device)
 
 
+def check_shared_storage(folder: Path, flag: str, d: Dist) -> None:
+    """More than one process: every rank must see the files rank 0 writes in `folder`.
+
+    Several nodes need a file system they all share (NFS, Lustre, ...) for --out-dir (rank 0 writes
+    the logs, metrics and the checkpoint's models; every rank writes its own RNG file into the same
+    checkpoint and reads it back on --resume) and, for the embedded model, --cache-dir (rank 0
+    trains the SFT checkpoint there; every rank loads it). --model and --data must be readable at
+    the same path on every node. Without a shared folder a run would fail at its first checkpoint
+    or hang; this check stops it at the start, on every rank, with the reason."""
+    if d.world == 1:
+        return
+    probe = folder / f".shared-check-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}"
+    if d.master:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_text("written by rank 0")
+    barrier(d)
+    missing = all_reduce([0.0 if probe.exists() else 1.0], d)[0]
+    barrier(d)
+    if d.master:
+        probe.unlink(missing_ok=True)
+    if missing:
+        raise SystemExit(f"{flag} {folder}: {int(missing)} rank(s) cannot see the files rank 0 writes there. "
+                         f"A run on several nodes needs {flag} on a file system all nodes share (see the "
+                         "README's multi-node section)")
+
+
 def all_reduce(values: list[float], d: Dist, op=None) -> list[float]:
     """Sum (or another op) of a few floats over ranks, for metrics and for lining up micro-batches."""
     if d.world == 1:
@@ -966,6 +992,9 @@ def main(argv=None):
             raise SystemExit(f"{run_dir} already holds a run: pass --resume to continue it or choose another --run-name")
         run_dir.mkdir(parents=True, exist_ok=True)
     barrier(d)
+    check_shared_storage(run_dir, "--out-dir", d)
+    if not args.model:  # rank 0 builds the embedded SFT checkpoint there; every rank loads it
+        check_shared_storage(Path(args.cache_dir), "--cache-dir", d)
 
     model_path, policy, tokenizer = load_model_and_tokenizer(args, d)
     train_tasks, eval_tasks = load_tasks(args, tokenizer)

@@ -142,6 +142,63 @@ def test_torchrun_two_ranks_with_uneven_filtering(cache_dir, tmp_path):
     assert any(m["kept_groups_per_rank"][0] != m["kept_groups_per_rank"][1] for m in metrics), metrics
 
 
+def free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def two_nodes(flags, cache_dir, out_dir, port, timeout=900):
+    """The README's multi-node command, one torchrun per "node" on this machine (--nnodes 2
+    --nproc_per_node 1 --node_rank 0|1, rendezvous at 127.0.0.1:port, gloo): -> (rc, output) each."""
+    procs = []
+    for node_rank in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",
+               "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}", str(REPO / "train.py"),
+               "--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--out-dir", str(out_dir),
+               "--eval-problems", "16", "--prompts-per-step", "8", *flags]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      env=env))
+    return [(proc.wait(timeout=timeout), proc.stdout.read()) for proc in procs]
+
+
+def test_two_nodes_on_localhost_train_and_resume(cache_dir, tmp_path):
+    """Two torchrun launches, as on two nodes sharing a file system: a few steps of the embedded
+    default, then a resume; rank 0 (node 0) writes the logs and models, each rank its RNG file."""
+    port = free_port()
+    for (rc, out) in two_nodes(["--steps", "2", "--run-name", "nodes", "--save-every", "1"], cache_dir, tmp_path, port):
+        assert rc == 0, out[-3000:]
+    checkpoint = tmp_path / "nodes" / "checkpoint"
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["rng_rank0.pt", "rng_rank1.pt", "state.pt"]
+    results = two_nodes(["--steps", "3", "--run-name", "nodes", "--save-every", "1", "--resume"], cache_dir, tmp_path,
+                        free_port())
+    for rc, out in results:
+        assert rc == 0, out[-3000:]
+    assert "resumed" in results[0][1]
+    metrics = metrics_of(tmp_path / "nodes")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(len(m["kept_groups_per_rank"]) == 2 and m["prompts"] == 8 for m in metrics)
+
+
+def test_ranks_that_share_no_out_dir_stop_at_the_start(cache_dir, tmp_path):
+    """Node 1 pointed at a folder node 0 does not write into (as on nodes without a shared file
+    system): both ranks stop before training, naming the flag."""
+    port, procs = free_port(), []
+    for node_rank, out in ((0, tmp_path / "node0"), (1, tmp_path / "node1")):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",
+               "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}", str(REPO / "train.py"),
+               "--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--out-dir", str(out),
+               "--run-name", "x", "--steps", "1", "--prompts-per-step", "8"]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      env=dict(os.environ, OMP_NUM_THREADS="1")))
+    outputs = [(proc.wait(timeout=600), proc.stdout.read()) for proc in procs]
+    assert all(rc != 0 for rc, _ in outputs)
+    assert any("--out-dir" in out and "cannot see the files rank 0 writes" in out for _, out in outputs)
+    assert not (tmp_path / "node0" / "x" / "metrics.jsonl").exists()
+
+
 # --------------------------------------------------------------------------- bad input
 
 
