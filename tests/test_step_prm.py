@@ -220,3 +220,46 @@ def test_step_end_rewards_ignore_valid_tokens_in_no_step():
     signal = torch.tensor([[.9, .9, .5, .2]])
     out = step_prm.step_end_rewards(signal, torch.tensor([[0, 0, -1, 1]]), torch.ones(1, 4))
     assert out.tolist() == [[0.0, pytest.approx(0.9), 0.0, pytest.approx(0.2)]]
+
+
+@pytest.fixture(scope="module")
+def bos_prm(tiny_prm, tmp_path_factory):
+    """The tiny PRM with a tokenizer that adds a BOS token by default (as Llama-style tokenizers do)
+    and a chat template with a generation prompt: the two ways a step PRM's input can pick up tokens
+    that were not in the text."""
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+    path = tmp_path_factory.mktemp("bos_prm")
+    tok = AutoTokenizer.from_pretrained(tiny_prm)
+    tok.add_special_tokens({"bos_token": "<bos>"})
+    tok._tokenizer.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", tok.convert_tokens_to_ids("<bos>"))])
+    tok.chat_template = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}=+={% endif %}")  # characters the toy vocabulary has
+    tok.save_pretrained(path)
+    from transformers import AutoModelForTokenClassification
+    AutoModelForTokenClassification.from_pretrained(tiny_prm).save_pretrained(path)
+    return path
+
+
+def test_hf_step_prm_input_has_no_bos_inside_and_no_generation_prompt(bos_prm):
+    """Pieces are tokenised without special tokens (a BOS before every step would shift the PRM's
+    reading), and the chat template closes the assistant turn without a generation prompt."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(bos_prm)
+    bos = tok.convert_tokens_to_ids("<bos>")
+    assert tok("7")["input_ids"][0] == bos  # this tokenizer does add a BOS by default
+    prm = step_prm.HFStepPRM(str(bos_prm), separator="\n")
+    template = tok.chat_template
+    prm.tokenizer.chat_template = None  # plain: question, newline, then each step and its marker
+    ids, positions = prm.encode("(7+5)*3", ["7+5=12", "12*3=36"])
+    plain = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    expected = plain("(7+5)*3\n") + plain("7+5=12") + [prm.marker_id] + plain("12*3=36") + [prm.marker_id]
+    assert ids == expected and bos not in ids and positions == [len(plain("(7+5)*3\n7+5=12")),
+                                                                len(expected) - 1]
+    prm.tokenizer.chat_template = template  # templated: the text below, by hand
+    ids, positions = prm.encode("(7+5)*3", ["7+5=12", "12*3=36"])
+    text = (f"[system]{prm.SYSTEM}\n[user](7+5)*3\n[assistant]7+5=12<extra_0>12*3=36<extra_0>\n")
+    assert ids == plain(text) and [ids[p] for p in positions] == [prm.marker_id] * 2
+    assert len(tok.apply_chat_template([{"role": "user", "content": "1"}], add_generation_prompt=True)["input_ids"]) > \
+        len(tok.apply_chat_template([{"role": "user", "content": "1"}])["input_ids"])  # a prompt it could have added
