@@ -527,3 +527,20 @@ def test_value_loss_by_hand():
     # R = 0.8: unclipped (1 - 0.8)^2 = 0.04, clipped (0.5 - 0.8)^2 = 0.09; the max is the clipped
     # term: 0.5 * 0.09 = 0.045
     assert prime.value_loss(v, old, torch.tensor([[0.8]]), m, 0.5).item() == pytest.approx(0.045)
+
+
+def test_gae_and_value_loss_defaults_and_a_one_token_batch():
+    """Defaults: gamma = lam = 1 (veRL's, A = return-to-go - V) and clip_range 0.5; a batch whose
+    responses are all one token long (T = 1); an integer outcome still gives float rewards."""
+    r, v, m = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.8]]), torch.ones(1, 3)
+    adv, ret = prime.gae_advantage(r, v, m)
+    torch.testing.assert_close(adv, torch.tensor([[0.5, 0.4, 0.2]]))
+    one, mask1 = torch.tensor([[2.0], [0.0]]), torch.tensor([[1.0], [1.0]])
+    adv, ret = prime.gae_advantage(one, torch.tensor([[0.5], [0.25]]), mask1, 0.9, 0.95)
+    torch.testing.assert_close(adv, torch.tensor([[1.5], [-0.25]]))  # r - V: nothing to bootstrap from
+    torch.testing.assert_close(ret, one)
+    # clip 0.5 by default: V = 1, old 0, R = 2 -> 0.5 * (0.5 - 2)^2 = 1.125 (unclipped would be 0.5)
+    assert prime.value_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[2.0]]),
+                            torch.ones(1, 1)).item() == pytest.approx(1.125)
+    out = prime.token_rewards(None, torch.tensor([1, 0]), torch.tensor([[1.0, 1.0], [1.0, 0.0]]))
+    assert out.dtype == torch.float32 and out.tolist() == [[0.0, 1.0], [0.0, 0.0]]
