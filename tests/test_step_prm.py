@@ -234,8 +234,11 @@ def bos_prm(tiny_prm, tmp_path_factory):
     tok.add_special_tokens({"bos_token": "<bos>"})
     tok._tokenizer.post_processor = processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", tok.convert_tokens_to_ids("<bos>"))])
-    tok.chat_template = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"
-                         "{% if add_generation_prompt %}=+={% endif %}")  # characters the toy vocabulary has
+    # roles as digits and the generation prompt as "=+=": characters the toy vocabulary has (letters
+    # would all read as <unk>, and a wrong role name would go unseen)
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}1{% elif m['role'] == 'user' %}2"
+                         "{% elif m['role'] == 'assistant' %}3{% endif %}={{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}=+={% endif %}")
     tok.save_pretrained(path)
     from transformers import AutoModelForTokenClassification
     AutoModelForTokenClassification.from_pretrained(tiny_prm).save_pretrained(path)
@@ -259,7 +262,7 @@ def test_hf_step_prm_input_has_no_bos_inside_and_no_generation_prompt(bos_prm):
                                                                 len(expected) - 1]
     prm.tokenizer.chat_template = template  # templated: the text below, by hand
     ids, positions = prm.encode("(7+5)*3", ["7+5=12", "12*3=36"])
-    text = (f"[system]{prm.SYSTEM}\n[user](7+5)*3\n[assistant]7+5=12<extra_0>12*3=36<extra_0>\n")
+    text = f"1={prm.SYSTEM}\n2=(7+5)*3\n3=7+5=12<extra_0>12*3=36<extra_0>\n"
     assert ids == plain(text) and [ids[p] for p in positions] == [prm.marker_id] * 2
     assert len(tok.apply_chat_template([{"role": "user", "content": "1"}], add_generation_prompt=True)["input_ids"]) > \
         len(tok.apply_chat_template([{"role": "user", "content": "1"}])["input_ids"])  # a prompt it could have added
