@@ -191,7 +191,7 @@ def credit_report(setting: str, arms: list[str], runs: dict, window: int) -> tup
             apart = ("yes" if seeds_apart(st["end_sampled"], base["end_sampled"]) else
                      "yes, below" if seeds_apart(base["end_sampled"], st["end_sampled"]) else "no")
             gain = f"{diff:+.3f} ({apart})"
-            level = float(np.mean([moving_average(series([r], "reward"), window)[0][-1] for r in runs[spec["baseline"]]]))
+            level = float(np.mean(moving_average(series(runs[spec["baseline"]], "reward"), window)[:, -1]))
             reach = ", ".join(str(x) if x else "never" for x in steps_to_reach(runs[arm], level, window))
             if check is not None and arm != spec["checker"]:
                 closed = gap_closed(np.mean(base["end_sampled"]), np.mean(check["end_sampled"]), np.mean(st["end_sampled"]))
@@ -228,9 +228,45 @@ def credit_plot(setting: str, arms: list[str], runs: dict, figures: Path, window
     axes[1].set_xticks(range(len(arms)), [CREDIT_LABELS[a] for a in arms], rotation=35, ha="right", fontsize=7)
     axes[1].set_title(f"{setting}: held-out sampled accuracy at the end (dot: mean, bar: min..max over seeds; "
                       "grey: start)", fontsize=9)
+    return save_figure(fig, figures, f"credit-{setting}")
+
+
+def finished(run_dir: Path) -> bool:
+    """A run is finished once its summary has the end-of-run numbers (the start ones come first)."""
+    return (run_dir / "summary.json").exists() and "end_accuracy" in json.loads((run_dir / "summary.json").read_text())
+
+
+def load_finished(out: str, name: str, seeds: list[int]) -> list[dict]:
+    """The finished runs <out>/<name>-s<seed> of these seeds, loaded."""
+    return [load(d) for d in (Path(out) / f"{name}-s{seed}" for seed in seeds) if finished(d)]
+
+
+def run_all(jobs: list[tuple], args, what: str) -> None:
+    """Every (name, seed, flags) job through run_arm, args.jobs at a time, threads split between them."""
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    t = time.time()
+    print(f"{len(jobs)} runs ({what} x {len(args.seeds)} seeds), {args.jobs} at a time", flush=True)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(lambda job: run_arm(job[0], job[1], args, threads, *job[2:]), jobs))
+    print(f"all runs finished in {(time.time() - t) / 60:.1f} min", flush=True)
+
+
+def merge_json(path: Path, results: dict) -> None:
+    """Update the JSON object at `path` with `results`, written atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = json.loads(path.read_text()) if path.exists() else {}
+    old.update(results)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(old, indent=1))
+    os.replace(tmp, path)
+
+
+def save_figure(fig, figures: Path, name: str) -> Path:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     figures.mkdir(parents=True, exist_ok=True)
-    path = figures / f"credit-{setting}.png"
+    path = figures / f"{name}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -240,7 +276,7 @@ def run_arm(arm: str, seed: int, args, threads: int, flags: list[str] | None = N
     """One train.py run, runs/repro/<arm>-s<seed>/; skipped if finished, resumed if checkpointed."""
     name = f"{arm}-s{seed}"
     run_dir = Path(args.out) / name
-    if (run_dir / "summary.json").exists() and "end_accuracy" in json.loads((run_dir / "summary.json").read_text()):
+    if finished(run_dir):
         return run_dir
     cmd = [sys.executable, str(REPO / "train.py"), "--run-name", name, "--out-dir", args.out, "--seed", str(seed),
            "--steps", str(args.steps), "--cache-dir", args.cache_dir, *(ARMS[arm] if flags is None else flags),
@@ -366,12 +402,7 @@ def plot(comparison: str, arms: list[str], runs: dict, figures: Path, window: in
         if key == "prm_accuracy":
             ax.axhline(0.5, color="grey", lw=0.8, ls=":")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    figures.mkdir(parents=True, exist_ok=True)
-    path = figures / f"{comparison}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, figures, comparison)
 
 
 def main(argv=None):
@@ -405,19 +436,11 @@ def main(argv=None):
     arms = list(dict.fromkeys(a for n in names for a in COMPARISONS[n]))
     if not args.report_only:
         build_sft(task, args.cache_dir)
-        jobs = [(arm, seed) for seed in args.seeds for arm in arms]
-        threads = max(1, (os.cpu_count() or 1) // args.jobs)
-        t = time.time()
-        print(f"{len(jobs)} runs ({len(arms)} arms x {len(args.seeds)} seeds), {args.jobs} at a time", flush=True)
-        with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda job: run_arm(*job, args, threads), jobs))
-        print(f"all runs finished in {(time.time() - t) / 60:.1f} min", flush=True)
+        run_all([(arm, seed) for seed in args.seeds for arm in arms], args, f"{len(arms)} arms")
 
     runs = {}
     for arm in arms:  # report what has finished (the table says how many seeds each row has)
-        done = [Path(args.out) / f"{arm}-s{s}" for s in args.seeds]
-        runs[arm] = [load(d) for d in done if (d / "summary.json").exists()
-                     and "end_accuracy" in json.loads((d / "summary.json").read_text())]
+        runs[arm] = load_finished(args.out, arm, args.seeds)
         if len(runs[arm]) < len(args.seeds):
             print(f"warning: {arm}: {len(runs[arm])} of {len(args.seeds)} seeds finished")
     arms = [a for a in arms if runs[a]]
@@ -435,11 +458,7 @@ def main(argv=None):
                 split = results[arm]["step_seconds"]
                 print(f"{LABELS[arm]}: {sum(split.values()):.2f} s/step = " +
                       ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
-    old = json.loads((figures / "results.json").read_text()) if (figures / "results.json").exists() else {}
-    old.update(results)
-    tmp = figures / "results.json.tmp"
-    tmp.write_text(json.dumps(old, indent=1))
-    os.replace(tmp, figures / "results.json")
+    merge_json(figures / "results.json", results)
 
 
 def credit_main(args) -> None:
@@ -449,23 +468,15 @@ def credit_main(args) -> None:
         configs = {(s, a): train_config([*args.train_args, *flags, "--steps", str(args.steps)]) for s, a, flags in plan}
         for setting in args.settings:  # each setting's SFT checkpoint first, once
             build_sft(configs[next((s, a) for s, a, _ in plan if s == setting)], args.cache_dir)
-        jobs = [(credit_run_name(s, a), seed, flags) for seed in args.seeds for s, a, flags in plan]
-        threads = max(1, (os.cpu_count() or 1) // args.jobs)
-        t = time.time()
-        print(f"{len(jobs)} runs ({len(plan)} setting x arm pairs x {len(args.seeds)} seeds), {args.jobs} at a time",
-              flush=True)
-        with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda job: run_arm(job[0], job[1], args, threads, job[2]), jobs))
-        print(f"all runs finished in {(time.time() - t) / 60:.1f} min", flush=True)
+        run_all([(credit_run_name(s, a), seed, flags) for seed in args.seeds for s, a, flags in plan], args,
+                f"{len(plan)} setting x arm pairs")
     figures = Path(args.figures)
-    path = figures / "credit.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
+    old = json.loads((figures / "credit.json").read_text()) if (figures / "credit.json").exists() else {}
+    results = {}
     for setting in args.settings:
         runs = {}
         for arm in dict.fromkeys(a for s, a, _ in plan if s == setting):
-            done = [Path(args.out) / f"{credit_run_name(setting, arm)}-s{seed}" for seed in args.seeds]
-            runs[arm] = [load(d) for d in done if (d / "summary.json").exists()
-                         and "end_accuracy" in json.loads((d / "summary.json").read_text())]
+            runs[arm] = load_finished(args.out, credit_run_name(setting, arm), args.seeds)
             if 0 < len(runs[arm]) < len(args.seeds):
                 print(f"warning: {setting} {arm}: {len(runs[arm])} of {len(args.seeds)} seeds finished")
         arms = [a for a in runs if runs[a]]
@@ -475,11 +486,8 @@ def credit_main(args) -> None:
         plot_path = credit_plot(setting, arms, runs, figures, args.window)
         print(f"\n## credit: {setting} ({' '.join(SETTINGS[setting]) or 'the default task'}; {plot_path})\n")
         print(text)
-        results[setting] = {**results.get(setting, {}), **stats}
-    figures.mkdir(parents=True, exist_ok=True)
-    tmp = figures / "credit.json.tmp"
-    tmp.write_text(json.dumps(results, indent=1))
-    os.replace(tmp, path)
+        results[setting] = {**old.get(setting, {}), **stats}  # arms of other calls stay
+    merge_json(figures / "credit.json", results)
 
 
 def build_sft(task, cache_dir: str) -> None:
@@ -504,8 +512,7 @@ def sample_efficiency(rloo: list[dict], prime_runs: list[dict], window: int) -> 
     for a, b in zip(rloo, prime_runs):
         r = moving_average(series([a], "reward"), window)[0]
         p = moving_average(series([b], "reward"), window)[0]
-        reach = first_step_reaching(p[window - 1:], r[-1])  # full windows only: early means are too noisy
-        reach = reach + window - 1 if reach else None
+        reach = steps_to_reach([b], r[-1], window)[0]  # full windows only: early means are too noisy
         lines.append(f"seed {a['config']['seed']}: RLOO final {r[-1]:.3f}, PRIME final {p[-1]:.3f}; PRIME reaches "
                      f"RLOO's final reward at step {reach if reach else 'never'} of {len(p)}")
     return "\n".join(lines)
