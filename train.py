@@ -560,15 +560,21 @@ def response_logprobs(model, ro: Rollout, temperature: float = 1.0) -> torch.Ten
     response positions go through the LM head (`logits_to_keep`), and prime.token_logprobs never
     builds a full float32 log-softmax.
     """
+    R = ro.response_ids.shape[1]
+    out, input_ids = forward_sequences(model, ro, logits_to_keep=R + 1)
+    logits = out.logits[:, :-1]  # (B, R, V): the prediction for each response token
+    logp = prime.token_logprobs(logits, input_ids[:, -R:], temperature)
+    return logp * ro.response_mask.to(input_ids.device)
+
+
+def forward_sequences(model, ro: Rollout, **kwargs):
+    """(model output, input ids) of prompt (left-padded) + response (right-padded) on the model's
+    device; positions come from the attention mask, so left padding does not shift them."""
     device = next(model.parameters()).device
     input_ids = torch.cat([ro.prompt_ids, ro.response_ids], 1).to(device)
     attention = torch.cat([ro.prompt_mask, ro.response_mask], 1).to(device)
-    R = ro.response_ids.shape[1]
-    out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids_from_mask(attention),
-                logits_to_keep=R + 1, use_cache=False)
-    logits = out.logits[:, :-1]  # (B, R, V): the prediction for each response token
-    logp = prime.token_logprobs(logits, input_ids[:, -R:], temperature)
-    return logp * ro.response_mask.to(device)
+    return model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids_from_mask(attention),
+                 use_cache=False, **kwargs), input_ids
 
 
 def critic_values(critic, ro: Rollout) -> torch.Tensor:
@@ -578,14 +584,10 @@ def critic_values(critic, ro: Rollout) -> torch.Tensor:
     label): its output at a position is the value of the sequence up to and including that position,
     so the state BEFORE response token t is read one position to the left, as the log-prob of token
     t is read from the logits one position to the left."""
-    device = next(critic.parameters()).device
-    input_ids = torch.cat([ro.prompt_ids, ro.response_ids], 1).to(device)
-    attention = torch.cat([ro.prompt_mask, ro.response_mask], 1).to(device)
     R = ro.response_ids.shape[1]
-    out = critic(input_ids=input_ids, attention_mask=attention, position_ids=position_ids_from_mask(attention),
-                 use_cache=False)
+    out, input_ids = forward_sequences(critic, ro)
     values = out.logits[:, -R - 1:-1, 0].float()
-    return values * ro.response_mask.to(device)
+    return values * ro.response_mask.to(input_ids.device)
 
 
 @torch.no_grad()
@@ -999,7 +1001,8 @@ def main(argv=None):
     model_path, policy, tokenizer = load_model_and_tokenizer(args, d)
     train_tasks, eval_tasks = load_tasks(args, tokenizer)
     # a file mixing kinds (PRIME's data: math and code rows, `ability`) logs the reward of each kind
-    kinds = sorted({t.kind for t in train_tasks}) if len({t.kind for t in train_tasks}) > 1 else []
+    kinds = sorted({t.kind for t in train_tasks})
+    kinds = kinds if len(kinds) > 1 else []
     from transformers import AutoModelForCausalLM
 
     # The implicit PRM (trained) and its frozen reference; the G-OPD base (= the starting policy, so the
@@ -1165,15 +1168,17 @@ def main(argv=None):
         times["policy"] += time.time() - t  # (the critic's forward and update count here too)
 
         # 7. Log and checkpoint ----------------------------------------------------------------
+        row_kinds = [task.kind for task in tasks for _ in range(args.n_samples)]
+        by_kind = [x for k in kinds for x in (sum(s.reward for s, rk in zip(scores, row_kinds) if rk == k),
+                                              row_kinds.count(k))]
         sums = all_reduce([outcome.sum().item(), len(outcome), n_kept_groups, len(tasks),
                            ro.response_mask.sum().item(), float(ro.truncated.sum()),
                            sum(s.format for s in scores), *prm_accuracy_sum, sum(prm_losses), len(prm_losses),
                            sum(policy_losses), len(policy_losses), *localization,
-                           int(mixed_groups(outcome, args.n_samples).sum()), sum(value_losses), len(value_losses)], d)
+                           int(mixed_groups(outcome, args.n_samples).sum()), sum(value_losses), len(value_losses),
+                           *by_kind], d)
+        by_kind = sums[18:]  # [reward sum, responses] of each kind, summed over ranks
         kept_per_rank = all_reduce([n_kept_groups if r == d.rank else 0 for r in range(d.world)], d)
-        row_kinds = [task.kind for task in tasks for _ in range(args.n_samples)]
-        by_kind = all_reduce([x for k in kinds for x in (sum(s.reward for s, rk in zip(scores, row_kinds) if rk == k),
-                                                          row_kinds.count(k))], d) if kinds else []
         metrics = {
             "step": step + 1,
             "reward": sums[0] / sums[1],
