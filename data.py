@@ -66,10 +66,10 @@ def encode_messages(tokenizer, messages: list[dict]) -> tuple[list[int], str]:
     """(token ids, text) of a prompt: the chat template with the generation prompt, or, for a
     tokenizer without a template, the messages' contents joined by blank lines."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids), tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        # rendered once, then tokenised as apply_chat_template(tokenize=True) does: no special tokens
+        # added (the template writes its own)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"]), text
     text = "\n\n".join(m["content"] for m in messages)
     return list(tokenizer(text)["input_ids"]), text
 
