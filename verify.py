@@ -546,16 +546,13 @@ def _run_code_tests(program: str, tests: list[dict], timeout: float) -> tuple[fl
     """
     passed, first_failure = 0, ""
     for k, test in enumerate(tests):
-        if "call" in test:  # call-based: the program, then a call of its function and a comparison
+        if "call" in test or "assert" in test:  # the program, then a check that prints a random token
             token = os.urandom(8).hex()
-            harness = _CALL_HARNESS.format(name=test["call"], args=test["args"], expected=test["expected"],
-                                           token=token)
-            returncode, stdout = _run_sandboxed(f"{program}\n{harness}", None, timeout)
-            lines = stdout.strip().splitlines()
-            ok_output = bool(lines) and lines[-1].strip() == token
-        elif "assert" in test:
-            token = os.urandom(8).hex()
-            source = f"{program}\n\n{test['assert']}\nprint({token!r})\n"
+            if "call" in test:  # call-based: a call of its function and a comparison
+                source = program + "\n" + _CALL_HARNESS.format(name=test["call"], args=test["args"],
+                                                               expected=test["expected"], token=token)
+            else:
+                source = f"{program}\n\n{test['assert']}\nprint({token!r})\n"
             returncode, stdout = _run_sandboxed(source, None, timeout)
             lines = stdout.strip().splitlines()
             ok_output = bool(lines) and lines[-1].strip() == token
@@ -587,23 +584,22 @@ def _raise_soft_timeout(signum, frame):
     raise _SoftTimeout()
 
 
-def _parse_gold(gold: str):
-    """A gold answer is LaTeX (not a response): parsed as the content of a box."""
+def _parse_boxed(latex: str):
+    """A gold answer, or an answer the official rule extracted: LaTeX (not a whole response), parsed
+    by math-verify as the content of a box."""
     from math_verify import LatexExtractionConfig, parse  # only workers import sympy
 
     # Timeouts None: math-verify's SIGALRM timers are replaced by the worker's own, per item.
-    return parse("\\boxed{" + _clean_latex(gold) + "}", [LatexExtractionConfig(boxed_match_priority=0)],
+    return parse("\\boxed{" + _clean_latex(latex) + "}", [LatexExtractionConfig(boxed_match_priority=0)],
                  parsing_timeout=None)
 
 
 def _math_equal(answer: str, gold: str) -> bool:
     """--math-grader official: the extracted answer, parsed as a box's content, against the gold;
     verify(gold, answer) (not symmetric)."""
-    from math_verify import LatexExtractionConfig, parse, verify
+    from math_verify import verify
 
-    answer_parsed = parse("\\boxed{" + _clean_latex(answer) + "}", [LatexExtractionConfig(boxed_match_priority=0)],
-                          parsing_timeout=None)
-    return verify(_parse_gold(gold), answer_parsed, timeout_seconds=None)
+    return verify(_parse_boxed(gold), _parse_boxed(answer), timeout_seconds=None)
 
 
 def _math_verify_response(response: str, gold: str) -> tuple[float, str]:
@@ -616,7 +612,7 @@ def _math_verify_response(response: str, gold: str) -> tuple[float, str]:
     answer_parsed = parse(_FBOX.sub(r"\\boxed{", response), parsing_timeout=None)
     if not answer_parsed:
         return 0.0, "no_answer"
-    return (1.0, "ok") if verify(_parse_gold(gold), answer_parsed, timeout_seconds=None) else (0.0, "wrong")
+    return (1.0, "ok") if verify(_parse_boxed(gold), answer_parsed, timeout_seconds=None) else (0.0, "wrong")
 
 
 # One answer of each common shape. The LaTeX parser (ANTLR) caches its decisions as it meets new
