@@ -43,6 +43,19 @@ class Rollout:
         return Rollout(pick(self.prompt_ids), pick(self.prompt_mask), pick(self.response_ids),
                        pick(self.response_mask), pick(self.truncated), pick(self.sampler_logprobs))
 
+    def trimmed(self) -> "Rollout":
+        """The same rows without the padding columns none of them uses: the prompt's leading ones
+        (left padding) and the response's trailing ones (right padding). A micro-batch of short rows
+        cut from a batch with one long response is then only as wide as its own widest row. Responses
+        keep column 0 at the first response token, so (B, R) tensors of the batch line up with the
+        trimmed response after `[:, :width]`."""
+        prompt_width = int(self.prompt_mask.sum(1).max())
+        width = max(int(self.response_mask.sum(1).max()), 1)
+        cut = lambda x: None if x is None else x[:, :width]
+        return Rollout(self.prompt_ids[:, self.prompt_ids.shape[1] - prompt_width:],
+                       self.prompt_mask[:, self.prompt_mask.shape[1] - prompt_width:],
+                       cut(self.response_ids), cut(self.response_mask), self.truncated, cut(self.sampler_logprobs))
+
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-id lists -> (ids, mask), both (B, max_len), padded on the left."""

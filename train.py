@@ -175,6 +175,10 @@ class Args:
     """optimizer steps per iteration for policy and PRM (paper: 1024 responses / 256 = 4)"""
     micro_batch_size: int = 64
     """responses per forward/backward; gradients accumulate across micro-batches"""
+    max_tokens_per_micro_batch: int = 0
+    """token budget of a micro-batch instead of a row count: rows grouped by length, each micro-batch at most N padded tokens (prompt + response); 0 = off"""
+    loss_mean: str = "global"
+    """'global': each optimizer step's loss is the token mean over its whole mini-batch, all ranks (Eq. 6; independent of the split); 'micro': the mean of micro-batch means (the official code, the paper's runs)"""
     gradient_checkpointing: bool = False
     """recompute activations in backward to save memory (big models)"""
     # --- plumbing
@@ -227,7 +231,8 @@ CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass", "ppo
                math_grader=verify.MATH_GRADERS,
                pass_preset=("math", "qa", "v1"),
                process_norm=("batch", "beta"), reference=("sft", "policy"), prm_update=("after", "before"),
-               prm_loss=("ce", "dpo"), prm_groups=("kept", "mixed"), rollout=("hf", "vllm"), preset=("", "paper", "1.5b"))
+               prm_loss=("ce", "dpo"), prm_groups=("kept", "mixed"), loss_mean=("global", "micro"),
+               rollout=("hf", "vllm"), preset=("", "paper", "1.5b"))
 
 
 def parse_args(argv=None) -> Args:
@@ -276,7 +281,8 @@ DOMAINS = dict(
     filter_low=UNIT, filter_high=UNIT, clip_eps=(lambda v: 0 < v < 1, "in (0, 1)"),
     dual_clip=(lambda v: v == 0 or v > 1, "0 (off) or > 1 (veRL: 3)"), gamma=UNIT, policy_lr=POSITIVE,
     prm_lr=POSITIVE, policy_weight_decay=AT_LEAST_0, policy_grad_clip=POSITIVE, prm_grad_clip=POSITIVE,
-    mini_batches=AT_LEAST_1, micro_batch_size=AT_LEAST_1, gae_lambda=UNIT, critic_lr=POSITIVE,
+    mini_batches=AT_LEAST_1, micro_batch_size=AT_LEAST_1, max_tokens_per_micro_batch=AT_LEAST_0,
+    gae_lambda=UNIT, critic_lr=POSITIVE,
     critic_warmup_steps=AT_LEAST_0, value_clip=AT_LEAST_0,
     vllm_gpu_memory_utilization=(lambda v: 0 < v <= 1, "in (0, 1]"), save_every=AT_LEAST_1,
     eval_problems=AT_LEAST_1, eval_every=AT_LEAST_0, eval_samples=AT_LEAST_1, sft_steps=AT_LEAST_0,
@@ -326,7 +332,7 @@ def check_args(args: Args) -> None:
             "would never train)")
     if (args.prm_warmup_steps or not args.prm_online) and args.process != "implicit":
         bad("--prm-warmup-steps / --no-prm-online are about the implicit PRM: they need --process implicit")
-    if args.prm_loss == "dpo" and args.micro_batch_size % args.n_samples:
+    if args.prm_loss == "dpo" and not args.max_tokens_per_micro_batch and args.micro_batch_size % args.n_samples:
         bad(f"--prm-loss dpo compares responses within a group: --micro-batch-size {args.micro_batch_size} "
             f"must be a multiple of --n-samples {args.n_samples}")
     if args.teacher and args.process not in ("opd", "gopd"):
@@ -488,15 +494,34 @@ def load_model_and_tokenizer(args: Args, d: Dist):
     return path, policy, tokenizer
 
 
-def memory_estimate_gb(n_params: int, args: Args) -> dict:
-    """Per-GPU bytes of the model state under plain DDP (activations and vLLM come on top):
-    policy and PRM in fp32 with fp32 grads and two AdamW moments = 16 bytes/param each; the frozen
-    reference in bf16 = 2 bytes/param (none when the reference is the old policy)."""
+def memory_estimate_gb(n_params: int, args: Args, config=None) -> dict:
+    """Per-GPU GB under plain DDP (vLLM's share comes on top): the model state, and the activations of
+    the largest training pass (the policy's or the PRM's update, one micro-batch at a time).
+
+    State: policy and PRM in fp32 with fp32 grads and two AdamW moments = 16 bytes/param each; the
+    frozen reference in bf16 = 2 bytes/param (none when the reference is the old policy).
+    Activations (needs the model `config`), for the padded tokens T of one micro-batch (the token
+    budget, or micro_batch_size x (max prompt + max response)), fp32: what autograd keeps per token
+    of each decoder layer, about 10 x hidden (the norms' inputs and outputs, q and the GQA-repeated k
+    and v, attention output, o_proj input) + 4 x intermediate (gate, SiLU, up, their product), with a
+    memory-efficient attention kernel (no seq x seq scores); with gradient checkpointing only each
+    layer's input (hidden) plus one layer's worth recomputed. Logits: only `logits_to_keep` response
+    positions P (the budget, or micro_batch_size x (max response + 1)) go through the LM head; their
+    fp32 logits and the gradient of them, 2 x P x vocab x 4 bytes."""
     gb = n_params / 1e9
     est = {"policy (weights+grads+adam)": 16 * gb, "prm (weights+grads+adam)": 16 * gb,
            "reference (bf16)": 2 * gb if args.reference == "sft" else 0.0}
     if args.estimator == "ppo":  # the critic: the policy's backbone with a scalar head, trained
         est["critic (weights+grads+adam)"] = 16 * gb
+    if config is not None:
+        budget = args.max_tokens_per_micro_batch
+        tokens = budget or args.micro_batch_size * (args.max_prompt_len + args.max_response_len)
+        positions = budget or args.micro_batch_size * (args.max_response_len + 1)
+        h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+        per_layer = 10 * h + 4 * inter  # fp32 values kept per token of a layer
+        kept = layers * h + per_layer if args.gradient_checkpointing else layers * per_layer
+        est["activations (one micro-batch)"] = 4 * tokens * kept / 1e9
+        est["logits (one micro-batch)"] = 2 * 4 * positions * config.vocab_size / 1e9
     est["total"] = sum(est.values())
     return est
 
@@ -506,13 +531,14 @@ def check_memory(path: str, args: Args, d: Dist) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):  # parameters without storage: just their shapes
-        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
-    est = memory_estimate_gb(sum(p.numel() for p in skeleton.parameters()), args)
+        config = AutoConfig.from_pretrained(path)
+        skeleton = AutoModelForCausalLM.from_config(config)
+    est = memory_estimate_gb(sum(p.numel() for p in skeleton.parameters()), args, config)
     print0(d, "memory estimate per GPU: " + ", ".join(f"{k} {v:.2f} GB" for k, v in est.items()))
     budget = args.max_memory_gb or (torch.cuda.get_device_properties(d.device).total_memory / 1e9
                                     if d.device.type == "cuda" else 0.0)
     if budget and est["total"] > 0.9 * budget:
-        raise SystemExit(f"model state needs ~{est['total']:.0f} GB per GPU, more than 90% of the "
+        raise SystemExit(f"model state and activations need ~{est['total']:.0f} GB per GPU, more than 90% of the "
                          f"{budget:.0f} GB available: plain DDP cannot hold it. Use a smaller --model "
                          "(e.g. --preset 1.5b with a 1.5B model) or a sharded trainer (FSDP/ZeRO).")
 
@@ -590,55 +616,139 @@ def critic_values(critic, ro: Rollout) -> torch.Tensor:
     return values * ro.response_mask.to(input_ids.device)
 
 
-@torch.no_grad()
-def values_no_grad(critic, ro: Rollout, micro_batch_size: int) -> torch.Tensor:
-    return torch.cat([critic_values(critic, ro.select(slice(s, s + micro_batch_size)))
-                      for s in range(0, len(ro), micro_batch_size)])
+@dataclasses.dataclass
+class MicroBatch:
+    """The rows of one forward/backward and the response columns they use.
+
+    `rows` index the batch (any order: the token-budget plan groups rows by length); `width` is the
+    widest response among them, so `of(x)` cuts a (B, R) tensor of the batch down to the micro-batch's
+    (b, width) and `rollout(batch)` gives its rows trimmed of the padding they do not use. `weight`
+    is 0 for a zero-weight repeat (see plan_update)."""
+    rows: torch.Tensor
+    width: int
+    weight: float = 1.0
+
+    def of(self, x: torch.Tensor) -> torch.Tensor:
+        return x[self.rows.to(x.device), :self.width]
+
+    def put(self, x: torch.Tensor, value: torch.Tensor) -> None:
+        x[self.rows.to(x.device), :self.width] = value.to(x.dtype)
+
+    def rollout(self, ro: Rollout) -> Rollout:
+        return ro.select(self.rows).trimmed()
+
+
+_told_long_rows = False  # a row over the token budget is reported once per process
+
+
+def pack_rows(ro: Rollout, start: int, stop: int, args: Args, unit: int = 1) -> list[MicroBatch]:
+    """Rows [start, stop) of `ro` as micro-batches, `unit` consecutive rows never split (a group, for
+    the DPO loss, which compares responses within it).
+
+    --max-tokens-per-micro-batch 0: `micro_batch_size` rows at a time, in order. Otherwise the units are
+    sorted by length, longest first, and packed greedily so that each micro-batch's padded size,
+    rows x (its widest prompt + its widest response), stays within the budget: short rows share a
+    micro-batch instead of each being padded to the longest row of the whole batch. A unit longer than
+    the budget on its own gets a micro-batch of its own."""
+    global _told_long_rows
+    prompt_len, response_len = ro.prompt_mask.sum(1).tolist(), ro.response_mask.sum(1).clamp(min=1).tolist()
+    units = [list(range(s, min(s + unit, stop))) for s in range(start, stop, unit)]
+    groups = []
+    if not args.max_tokens_per_micro_batch:
+        per = max(args.micro_batch_size // unit, 1)
+        groups = [sum(units[i:i + per], []) for i in range(0, len(units), per)]
+    else:
+        budget = args.max_tokens_per_micro_batch
+        size = lambda rows: len(rows) * (max(prompt_len[r] for r in rows) + max(response_len[r] for r in rows))
+        for u in sorted(units, key=lambda u: -max(prompt_len[r] + response_len[r] for r in u)):
+            if groups and size(groups[-1] + u) <= budget:
+                groups[-1] += u
+            else:
+                groups.append(list(u))
+                if size(u) > budget and not _told_long_rows:
+                    _told_long_rows = True
+                    print(f"--max-tokens-per-micro-batch {budget}: a row of {size(u)} tokens (prompt + response"
+                          f"{', its group' if unit > 1 else ''}) gets a micro-batch of its own", flush=True)
+    return [MicroBatch(torch.tensor(g), max(response_len[r] for r in g)) for g in groups]
+
+
+def plan_update(ro: Rollout, n_rows: int, args: Args, d: Dist, unit: int = 1) -> list[list[MicroBatch]]:
+    """This rank's micro-batches for each of the `args.mini_batches` optimizer steps over rows
+    [0, n_rows): the rows are split into that many contiguous parts (at unit boundaries), each part
+    packed by pack_rows.
+
+    DDP all-reduces gradients at every backward of the sync step: every rank must run the same number
+    of backwards or the job hangs. A rank with fewer micro-batches in a step repeats its first unit
+    with weight 0 (a real forward/backward that contributes nothing); a rank whose filter kept
+    nothing (n_rows = 0) uses the first rows of the placeholder group train.py keeps for this purpose."""
+    n_units = math.ceil(n_rows / unit)
+    M = args.mini_batches
+    bounds = [min((k * n_units + M - 1) // M * unit, n_rows) for k in range(M + 1)]  # the first parts get any extra
+    steps = [pack_rows(ro, a, b, args, unit) for a, b in zip(bounds, bounds[1:])]
+    n_global = all_reduce([len(s) for s in steps], d, dist.ReduceOp.MAX if d.world > 1 else None)
+    repeat = pack_rows(ro, 0, min(unit, len(ro)), args, unit)[0]
+    return [s + [dataclasses.replace(repeat, weight=0.0)] * (int(n) - len(s)) for s, n in zip(steps, n_global)]
 
 
 @torch.no_grad()
-def logprobs_no_grad(model, ro: Rollout, micro_batch_size: int, temperature: float = 1.0) -> torch.Tensor:
+def batched_no_grad(fn, ro: Rollout, args: Args) -> torch.Tensor:
+    """fn(trimmed micro-batch Rollout) -> (b, width) for the whole batch, micro-batch by micro-batch,
+    without a graph; (B, R) float32, 0 on padding."""
+    out = torch.zeros(ro.response_ids.shape, dtype=torch.float32)
+    for mb in pack_rows(ro, 0, len(ro), args):
+        value = fn(mb.rollout(ro))
+        out = out.to(value.device)
+        mb.put(out, value.float())
+    return out
+
+
+def logprobs_no_grad(model, ro: Rollout, args: Args, temperature: float = 1.0) -> torch.Tensor:
     """response_logprobs for a whole batch, one micro-batch at a time, without a graph."""
-    return torch.cat([response_logprobs(model, ro.select(slice(s, s + micro_batch_size)), temperature)
-                      for s in range(0, len(ro), micro_batch_size)])
+    return batched_no_grad(lambda r: response_logprobs(model, r, temperature), ro, args)
 
 
-def micro_batches(n_rows: int, size: int, n_global: int) -> list[tuple[slice, float]]:
-    """Row slices of this rank's micro-batches, padded to `n_global` with zero-weight repeats.
-
-    DDP all-reduces gradients at every backward of the sync step: every rank must run the same
-    number of backwards or the job hangs. A rank with fewer rows repeats its first rows with loss
-    weight 0 (a real forward/backward that contributes nothing); a rank whose filter kept nothing
-    (n_rows = 0) uses the first row of the placeholder group train.py keeps for this purpose."""
-    real = [(slice(s, min(s + size, n_rows)), 1.0) for s in range(0, n_rows, size)]
-    return real + [(slice(0, min(size, max(n_rows, 1))), 0.0)] * (n_global - len(real))
+def values_no_grad(critic, ro: Rollout, args: Args) -> torch.Tensor:
+    return batched_no_grad(lambda r: critic_values(critic, r), ro, args)
 
 
-def run_update(model, optimizer, loss_fn, n_rows: int, args: Args, d: Dist, grad_clip: float) -> list[float]:
-    """Mini-batched, micro-batched gradient steps; loss_fn(rows, weight) -> loss of a row slice.
+def run_update(model, optimizer, loss_fn, count, plan: list[list[MicroBatch]], args: Args, d: Dist,
+               grad_clip: float) -> list[float]:
+    """One optimizer step per entry of `plan` (plan_update); loss_fn(micro-batch) -> its loss, a mean
+    over `count(micro-batch)` units (tokens for the token-mean losses, responses for the PRM's).
+    Returns each step's loss, the same on every rank.
 
-    `args.mini_batches` optimizer steps; each is the mean of its micro-batch losses (the official
-    code's averaging over gradient-accumulation steps), and DDP averages over ranks."""
-    n_local = math.ceil(n_rows / args.micro_batch_size)
-    n_global = int(all_reduce([n_local], d, dist.ReduceOp.MAX if d.world > 1 else None)[0])
-    n_global = math.ceil(n_global / args.mini_batches) * args.mini_batches
-    plan = micro_batches(n_rows, args.micro_batch_size, n_global)
-    per_step = n_global // args.mini_batches
+    --loss-mean global (default): each step minimises the mean over ALL its units, on every rank and
+    in every micro-batch, as Eq. 6's token mean over the mini-batch reads: micro-batch i's mean is
+    weighted by n_i / N (N = the units of the step over all ranks) and multiplied by the world size,
+    because DDP averages gradients over ranks. The split into micro-batches and ranks then changes
+    nothing but round-off; zero-weight repeats add nothing and dilute nothing.
+    --loss-mean micro: the official code's mean of micro-batch means (veRL's loss / gradient
+    accumulation steps, then DDP's average over ranks), which the paper's runs used: a short
+    micro-batch's tokens weigh more than a long one's, and a rank with fewer rows weighs as much as
+    one with many."""
+    n_step = all_reduce([sum(count(mb) for mb in step if mb.weight) for step in plan], d)
     losses = []
-    for k in range(args.mini_batches):
-        chunk = plan[k * per_step:(k + 1) * per_step]
+    for step, n in zip(plan, n_step):
+        if not n:  # nothing kept on any rank: no update (an AdamW step on zero gradients would still move)
+            continue
+        n_real = sum(1 for mb in step if mb.weight)
         optimizer.zero_grad(set_to_none=True)
-        for j, (rows, weight) in enumerate(chunk):
+        logged = 0.0
+        for j, mb in enumerate(step):
             # DDP: all-reduce gradients only on the last micro-step of the optimizer step
-            sync = j == len(chunk) - 1 or not hasattr(model, "no_sync")
+            sync = j == len(step) - 1 or not hasattr(model, "no_sync")
             with (contextlib.nullcontext() if sync else model.no_sync()):
-                loss = loss_fn(rows, weight)
-                (loss * weight / len(chunk)).backward()
-            if weight:
-                losses.append(loss.item())
+                loss = loss_fn(mb)
+                if args.loss_mean == "global":
+                    share = mb.weight * count(mb) / n  # of the step's global mean
+                else:
+                    share = mb.weight / max(n_real, 1) / d.world  # of the mean over ranks of micro-means
+                (loss * share * d.world).backward()  # x world: DDP divides the summed gradients by it
+            logged += loss.item() * share
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
-    return losses
+        losses.append(logged)
+    return all_reduce(losses, d)  # the global mean (global), the mean over ranks of micro-means (micro)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -717,25 +827,26 @@ def implicit_prm_step(prm, prm_opt, batch: Rollout, logp_ref, mask, outcome, n_t
     The PRM learns from the first `n_prm` rows (default all n_train; fewer with --prm-groups mixed);
     the rest of the n_train rows get their rewards from a gradient-free forward of the same PRM."""
     if not update:
-        return prime.implicit_process_reward(logprobs_no_grad(unwrap(prm), batch, args.micro_batch_size),
-                                             logp_ref, mask, 1.0), []
+        return prime.implicit_process_reward(logprobs_no_grad(unwrap(prm), batch, args), logp_ref, mask, 1.0), []
     n_prm = n_train if n_prm is None else n_prm
     logp_prm_store = torch.zeros_like(mask)
     if n_prm < n_train:  # rows the PRM does not learn from: rewards from the pre-update PRM too
-        logp_prm_store[n_prm:n_train] = logprobs_no_grad(unwrap(prm), batch.select(slice(n_prm, n_train)),
-                                                         args.micro_batch_size)
+        logp_prm_store[n_prm:n_train] = logprobs_no_grad(unwrap(prm), batch.select(slice(n_prm, n_train)), args)
 
-    def prm_loss_fn(s, weight):
-        logp_prm = response_logprobs(prm, batch.select(s))
-        if weight:  # single forward: the rewards come from this (pre-update) forward
-            logp_prm_store[s] = logp_prm.detach()
+    def prm_loss_fn(mb: MicroBatch):
+        logp_prm = response_logprobs(prm, mb.rollout(batch))
+        if mb.weight:  # single forward: the rewards come from this (pre-update) forward
+            mb.put(logp_prm_store, logp_prm.detach())
         if args.prm_loss == "ce":
-            return prime.prm_ce_loss(logp_prm, logp_ref[s], mask[s], outcome[s], args.beta)
-        return prime.prm_dpo_loss(logp_prm, logp_ref[s], mask[s], outcome[s], args.beta, args.n_samples)
+            return prime.prm_ce_loss(logp_prm, mb.of(logp_ref), mb.of(mask), outcome[mb.rows], args.beta)
+        return prime.prm_dpo_loss(logp_prm, mb.of(logp_ref), mb.of(mask), outcome[mb.rows], args.beta,
+                                  args.n_samples)
 
-    losses = run_update(prm, prm_opt, prm_loss_fn, n_prm, args, d, args.prm_grad_clip)
+    # both losses are means over responses; DPO's groups stay whole in a micro-batch
+    plan = plan_update(batch, n_prm, args, d, unit=args.n_samples if args.prm_loss == "dpo" else 1)
+    losses = run_update(prm, prm_opt, prm_loss_fn, lambda mb: len(mb.rows), plan, args, d, args.prm_grad_clip)
     if args.prm_update == "before":  # double forward: rewards from the updated PRM
-        logp_prm_store = logprobs_no_grad(unwrap(prm), batch, args.micro_batch_size)
+        logp_prm_store = logprobs_no_grad(unwrap(prm), batch, args)
     return prime.implicit_process_reward(logp_prm_store, logp_ref, mask, 1.0), losses
 
 
@@ -756,7 +867,7 @@ def process_signal(args: Args, batch: Rollout, mask, responses, questions, outco
         signal, losses = implicit_prm_step(prm, prm_opt, batch, logp_ref, mask, outcome, n_train, args, d,
                                            update=args.prm_online, n_prm=n_prm)
     elif args.process in ("opd", "gopd"):
-        logp_teacher = logprobs_no_grad(teacher, batch, args.micro_batch_size)
+        logp_teacher = logprobs_no_grad(teacher, batch, args)
         if args.process == "opd":
             signal = pass_advantage.opd_signal(logp_teacher, logp_old) * mask
         else:  # logp_ref holds the frozen starting policy here: G-OPD's base
@@ -802,7 +913,7 @@ def warmup_prm(args: Args, prm, prm_opt, sampler, reference, tokenizer, train_ta
         rows, n_kept_groups, n_train, n_prm = filter_groups(outcome, ro, args)
         batch, outcome = ro.select(rows), outcome[rows].to(d.device)
         mask = batch.response_mask.to(d.device).float()
-        logp_ref = logprobs_no_grad(reference, batch, args.micro_batch_size)
+        logp_ref = logprobs_no_grad(reference, batch, args)
         log_ratio, _ = implicit_prm_step(prm, prm_opt, batch, logp_ref, mask, outcome, n_train, args, d,
                                          update=True, n_prm=n_prm)
         accuracies.append(all_reduce(pairwise_accuracy_sum(log_ratio.sum(-1), outcome, n_train, args), d))
@@ -1097,9 +1208,9 @@ def main(argv=None):
 
         # old log-probs and reference log-probs: no gradient, recomputed by the training models
         t = time.time()
-        logp_old = logprobs_no_grad(unwrap(policy), batch, args.micro_batch_size, args.temperature)
+        logp_old = logprobs_no_grad(unwrap(policy), batch, args, args.temperature)
         if reference is not None:
-            logp_ref = logprobs_no_grad(reference, batch, args.micro_batch_size)
+            logp_ref = logprobs_no_grad(reference, batch, args)
         else:  # App. B.1: the rollout policy is the reference
             logp_ref = logp_old
         times["policy"] = time.time() - t
@@ -1132,7 +1243,7 @@ def main(argv=None):
         elif args.estimator == "prm-value":
             adv = prime.prm_value_advantage(args.beta * signal, batch_outcome, mask, args.gamma)
         elif args.estimator == "ppo":  # a learned critic: GAE over outcome (+ process) token rewards
-            old_values = values_no_grad(unwrap(critic), batch, args.micro_batch_size)
+            old_values = values_no_grad(unwrap(critic), batch, args)
             adv, returns = prime.gae_advantage(prime.token_rewards(process_in, batch_outcome, mask), old_values,
                                                mask, args.gamma, args.gae_lambda)
         else:  # PASS: the raw process signal shaped into GRPO's advantage (pass_advantage.py)
@@ -1149,21 +1260,25 @@ def main(argv=None):
         # 6. PPO clip update of the policy (Eq. 6) -----------------------------------------------
         t = time.time()
 
-        def policy_loss_fn(s, weight):
-            logp = response_logprobs(policy, batch.select(s), args.temperature)
-            return prime.ppo_clip_loss(logp, logp_old[s], adv[s], mask[s], args.clip_eps, args.dual_clip or None)
+        def policy_loss_fn(mb: MicroBatch):
+            logp = response_logprobs(policy, mb.rollout(batch), args.temperature)
+            return prime.ppo_clip_loss(logp, mb.of(logp_old), mb.of(adv), mb.of(mask), args.clip_eps,
+                                       args.dual_clip or None)
 
+        plan = plan_update(batch, n_train, args, d)  # the same micro-batches for the policy and the critic
+        n_tokens = lambda mb: float(mb.of(mask).sum())  # both losses are token means
         policy_losses = []
         if step >= args.critic_warmup_steps:  # (PPO: frozen while the critic warms up)
-            policy_losses = run_update(policy, policy_opt, policy_loss_fn, n_train, args, d, args.policy_grad_clip)
+            policy_losses = run_update(policy, policy_opt, policy_loss_fn, n_tokens, plan, args, d,
+                                       args.policy_grad_clip)
             sampler.push_weights(unwrap(policy))
         value_losses = []
         if critic is not None:  # PPO's critic regresses on the GAE returns (clipped value loss)
-            def value_loss_fn(s, weight):
-                return prime.value_loss(critic_values(critic, batch.select(s)), old_values[s], returns[s], mask[s],
-                                        args.value_clip or None)
+            def value_loss_fn(mb: MicroBatch):
+                return prime.value_loss(critic_values(critic, mb.rollout(batch)), mb.of(old_values), mb.of(returns),
+                                        mb.of(mask), args.value_clip or None)
 
-            value_losses = run_update(critic, critic_opt, value_loss_fn, n_train, args, d,
+            value_losses = run_update(critic, critic_opt, value_loss_fn, n_tokens, plan, args, d,
                                       args.policy_grad_clip)  # veRL clips the critic at 1.0 too
         times["policy"] += time.time() - t  # (the critic's forward and update count here too)
 
@@ -1173,11 +1288,10 @@ def main(argv=None):
                                               row_kinds.count(k))]
         sums = all_reduce([outcome.sum().item(), len(outcome), n_kept_groups, len(tasks),
                            ro.response_mask.sum().item(), float(ro.truncated.sum()),
-                           sum(s.format for s in scores), *prm_accuracy_sum, sum(prm_losses), len(prm_losses),
-                           sum(policy_losses), len(policy_losses), *localization,
-                           int(mixed_groups(outcome, args.n_samples).sum()), sum(value_losses), len(value_losses),
-                           *by_kind], d)
-        by_kind = sums[18:]  # [reward sum, responses] of each kind, summed over ranks
+                           sum(s.format for s in scores), *prm_accuracy_sum, *localization,
+                           int(mixed_groups(outcome, args.n_samples).sum()), *by_kind], d)
+        by_kind = sums[12:]  # [reward sum, responses] of each kind, summed over ranks
+        mean = lambda losses: float(np.mean(losses)) if losses else 0.0  # run_update's are global already
         kept_per_rank = all_reduce([n_kept_groups if r == d.rank else 0 for r in range(d.world)], d)
         metrics = {
             "step": step + 1,
@@ -1187,15 +1301,15 @@ def main(argv=None):
             "response_length": sums[4] / sums[1],
             "truncated_fraction": sums[5] / sums[1],
             "format": sums[6] / sums[1],
-            "mixed_groups": int(sums[15]),  # of all sampled groups: some responses right, some wrong
+            "mixed_groups": int(sums[11]),  # of all sampled groups: some responses right, some wrong
             "prm_accuracy": sums[7] / sums[8] if sums[8] and args.process != "none" else None,  # mixed kept groups
-            "prm_loss": sums[9] / max(sums[10], 1),
-            "policy_loss": sums[11] / max(sums[12], 1),
+            "prm_loss": mean(prm_losses),
+            "policy_loss": mean(policy_losses),
             "process_reward_abs_mean": prime.masked_mean(process.abs(), mask).item(),
-            "prm_localization": sums[13] / sums[14] if sums[14] else None,  # share of wrong responses
+            "prm_localization": sums[9] / sums[10] if sums[10] else None,  # share of wrong responses
         }
         if critic is not None:
-            metrics["value_loss"] = sums[16] / max(sums[17], 1)
+            metrics["value_loss"] = mean(value_losses)
         for j, k in enumerate(kinds):  # e.g. reward_math, reward_code; None on a step without that kind
             metrics[f"reward_{k}"] = by_kind[2 * j] / by_kind[2 * j + 1] if by_kind[2 * j + 1] else None
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
@@ -1213,6 +1327,11 @@ def main(argv=None):
                             kept=f"{metrics['kept_groups']}/{metrics['prompts']}")
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_checkpoint(run_dir, step + 1, policy, prm, policy_opt, prm_opt, d, critic, critic_opt)
+        if step == start_step and d.device.type == "cuda":  # the up-front estimate against the first step
+            est = memory_estimate_gb(sum(p.numel() for p in unwrap(policy).parameters()), args, unwrap(policy).config)
+            print0(d, f"memory per GPU after the first step: estimated {est['total']:.2f} GB, measured "
+                      f"{torch.cuda.max_memory_allocated(d.device) / 1e9:.2f} GB (torch.cuda.max_memory_allocated"
+                      f"{', vLLM included' if args.rollout == 'vllm' else ''})")
         for k in phase_totals:
             phase_totals[k] += times[k]
         phase_totals["other"] += (time.time() - t_step) - sum(times.values())  # + writing, checkpoint

@@ -117,8 +117,8 @@ def run(args, device, shapes: dict = QWEN25_05B) -> dict:
         mask = ro.response_mask.to(device).to(torch.float32)
         outcome = torch.randint(0, 2, (B,), generator=generator).float().to(device)
         with phase("old/ref", 2 * B * T):
-            logp_old = train.logprobs_no_grad(policy, ro, args.micro_batch_size)
-            logp_ref = train.logprobs_no_grad(reference, ro, args.micro_batch_size)
+            logp_old = train.logprobs_no_grad(policy, ro, loop_args)
+            logp_ref = train.logprobs_no_grad(reference, ro, loop_args)
         with phase("prm", B * T):  # train.py's own PRM step: forward for rewards + CE update
             log_ratio, _ = train.implicit_prm_step(prm, prm_opt, ro, logp_ref, mask, outcome, B, loop_args, d,
                                                    update=True)
@@ -126,12 +126,13 @@ def run(args, device, shapes: dict = QWEN25_05B) -> dict:
             process = prime.normalize_process_reward(log_ratio, mask)
             adv = prime.whiten(prime.rloo_advantage(process, outcome, mask, args.n, 1.0, "official"), mask)
 
-        def policy_loss_fn(s, weight):
-            logp = train.response_logprobs(policy, ro.select(s))
-            return prime.ppo_clip_loss(logp, logp_old[s], adv[s], mask[s], 0.2)
+        def policy_loss_fn(mb):
+            logp = train.response_logprobs(policy, mb.rollout(ro))
+            return prime.ppo_clip_loss(logp, mb.of(logp_old), mb.of(adv), mb.of(mask), 0.2)
 
         with phase("policy", B * T):
-            train.run_update(policy, policy_opt, policy_loss_fn, B, loop_args, d, 1.0)
+            train.run_update(policy, policy_opt, policy_loss_fn, lambda mb: float(mb.of(mask).sum()),
+                             train.plan_update(ro, B, loop_args, d), loop_args, d, 1.0)
         with phase("sync", sum(p.numel() for p in policy.parameters())):
             sampler.push_weights(policy)
         print(f"step {step + 1}/{args.steps}: " + ", ".join(f"{k} {v['s'][-1]:.2f}s" for k, v in results.items()),

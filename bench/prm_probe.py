@@ -76,20 +76,21 @@ def main(argv=None):
     data = torch.load(pool, weights_only=False)
     held, held_outcome = kept(*data["held"], n)
     held_mask = held.response_mask.float()
-    held_ref = train.logprobs_no_grad(reference, held, 256)
+    big = train.Args(micro_batch_size=256)  # no-grad passes: 256 responses at a time
+    held_ref = train.logprobs_no_grad(reference, held, big)
 
     prm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).train()
     optimizer = torch.optim.AdamW(prm.parameters(), lr=args.lr, weight_decay=0.0)
 
     def held_accuracy() -> float:
-        log_ratio = prime.implicit_process_reward(train.logprobs_no_grad(prm, held, 256), held_ref, held_mask, 1.0)
+        log_ratio = prime.implicit_process_reward(train.logprobs_no_grad(prm, held, big), held_ref, held_mask, 1.0)
         return prime.prm_pairwise_accuracy(log_ratio.sum(-1), held_outcome, n).item()
 
     curve, on_batch = [held_accuracy()], []
     for i, (ro, outcome) in enumerate(data["stream"]):
         batch, outcome = kept(ro, outcome, n)
         mask = batch.response_mask.float()
-        logp_ref = train.logprobs_no_grad(reference, batch, 256)
+        logp_ref = train.logprobs_no_grad(reference, batch, big)
         logp = train.response_logprobs(prm, batch)
         on_batch.append(prime.prm_pairwise_accuracy(((logp.detach() - logp_ref) * mask).sum(-1), outcome, n).item())
         if args.loss == "ce":

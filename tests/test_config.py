@@ -31,6 +31,8 @@ TRAIN_BAD = [
     (["--policy-weight-decay", "-0.1"], "--policy-weight-decay -0.1"),
     (["--policy-grad-clip", "0"], "--policy-grad-clip 0"), (["--prm-grad-clip", "0"], "--prm-grad-clip 0"),
     (["--mini-batches", "0"], "--mini-batches 0"), (["--micro-batch-size", "0"], "--micro-batch-size 0"),
+    (["--max-tokens-per-micro-batch", "-1"], "--max-tokens-per-micro-batch -1: must be >= 0"),
+    (["--loss-mean", "tokens"], "--loss-mean"),
     (["--vllm-gpu-memory-utilization", "0"], "--vllm-gpu-memory-utilization 0"),
     (["--save-every", "0"], "--save-every 0"), (["--eval-problems", "0"], "--eval-problems 0"),
     (["--eval-every", "-1"], "--eval-every -1"), (["--eval-samples", "0"], "--eval-samples 0"),
@@ -80,6 +82,8 @@ def test_train_refuses_a_bad_value_naming_the_flag(flags, names, tmp_path, capsy
     ["--dual-clip", "3"], ["--eval-every", "0"], ["--sft-steps", "0"], ["--prm-warmup-steps", "0"],
     ["--episodes-per-step", "0"], ["--toy-ops", "1-12"], ["--toy-ops", "4"], ["--clip-eps", "0.999"],
     ["--prm-loss", "dpo", "--micro-batch-size", "8"], ["--n-samples", "1", "--estimator", "reinforce"],
+    ["--prm-loss", "dpo", "--micro-batch-size", "6", "--max-tokens-per-micro-batch", "500"],  # budget: groups whole
+    ["--max-tokens-per-micro-batch", "0"],
 ])
 def test_train_accepts_the_edge_values(flags):
     train.parse_args(flags)

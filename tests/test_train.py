@@ -234,11 +234,6 @@ def test_batch_not_divisible_by_world_size():
         train.step_prompts(args, [], toy_task.build_tokenizer(), 0, train.Dist(rank=0, world=2))
 
 
-def test_micro_batch_plan_pads_short_ranks_with_zero_weight():
-    plan = train.micro_batches(5, 2, 4)
-    assert plan == [(slice(0, 2), 1.0), (slice(2, 4), 1.0), (slice(4, 5), 1.0), (slice(0, 2), 0.0)]
-
-
 def test_memory_estimate_refuses_a_7b_model_on_an_80gb_gpu(cache_dir, tmp_path):
     """A config-only folder is enough: the estimate is made before any weight is loaded."""
     from transformers import Qwen2Config
@@ -250,12 +245,18 @@ def test_memory_estimate_refuses_a_7b_model_on_an_80gb_gpu(cache_dir, tmp_path):
                      cache_dir, tmp_path, timeout=300)
     assert proc.returncode != 0
     assert "plain DDP cannot hold it" in proc.stderr, proc.stderr[-2000:]
-    # 16 bytes a parameter for policy and for PRM, 2 for the bf16 reference: 34 bytes in all
+    # 16 bytes a parameter for policy and for PRM, 2 for the bf16 reference: 34 bytes in all; then the
+    # paper preset's activations (8 x 4096 tokens, checkpointed) and logits (8 x 3073 x 152064 x 8 bytes)
     from transformers import AutoModelForCausalLM
     with torch.device("meta"):
         n_params = sum(p.numel() for p in AutoModelForCausalLM.from_config(Qwen2Config.from_pretrained(model_dir)).parameters())
     assert 7.5e9 < n_params < 7.7e9
-    assert f"total {34 * n_params / 1e9:.2f} GB" in proc.stdout, proc.stdout[-2000:]
+    activations = 8 * 4096 * (28 * 3584 + 10 * 3584 + 4 * 18944) * 4 / 1e9
+    logits = 8 * 3073 * 152064 * 8 / 1e9
+    assert f"policy (weights+grads+adam) {16 * n_params / 1e9:.2f} GB" in proc.stdout, proc.stdout[-2000:]
+    assert f"activations (one micro-batch) {activations:.2f} GB, logits (one micro-batch) {logits:.2f} GB" \
+        in proc.stdout, proc.stdout[-2000:]
+    assert f"total {34 * n_params / 1e9 + activations + logits:.2f} GB" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_verl_parquet_and_jsonl_rows_become_tasks(tmp_path):
@@ -297,6 +298,8 @@ TEACHER = ["--teacher-sft-steps", "100"]
     ["--process", "step", "--estimator", "pass", "--pass-preset", "v1"],
     ["--dual-clip", "3", "--temperature", "0.7"], ["--prm-groups", "mixed"],
     ["--estimator", "ppo"], ["--estimator", "ppo", "--process", "none", "--gae-lambda", "0.95", "--value-clip", "0"],
+    ["--max-tokens-per-micro-batch", "200", "--prm-loss", "dpo", "--estimator", "ppo", "--mini-batches", "2"],
+    ["--loss-mean", "micro", "--micro-batch-size", "5"],
 ], ids=lambda f: " ".join(f))
 def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
     """Each option the paper studies, one real step in-process (the verifier pool is shared)."""
@@ -441,7 +444,7 @@ def test_prm_learns_from_its_rows_only_and_rewards_the_rest_from_the_same_prm(ca
     mask = ro.response_mask.float()
     outcome = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
     args = train.parse_args(["--n-samples", "2", "--micro-batch-size", "2"])
-    logp_ref = train.logprobs_no_grad(ref, ro, 8)
+    logp_ref = train.logprobs_no_grad(ref, ro, args)
     d = train.Dist(device=torch.device("cpu"))
 
     def fresh():  # a PRM that has moved off the reference (the same way each time): non-zero rewards
@@ -453,7 +456,7 @@ def test_prm_learns_from_its_rows_only_and_rewards_the_rest_from_the_same_prm(ca
         return prm, torch.optim.AdamW(prm.parameters(), lr=1e-3)
 
     prm, opt = fresh()
-    before = train.logprobs_no_grad(prm, ro, 8)
+    before = train.logprobs_no_grad(prm, ro, args)
     rewards, losses = train.implicit_prm_step(prm, opt, ro, logp_ref, mask, outcome, 6, args, d, True, n_prm=2)
     alone, opt_alone = fresh()
     first = ro.select(slice(0, 2))

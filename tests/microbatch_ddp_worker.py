@@ -1,0 +1,59 @@
+"""Run by tests/test_microbatch.py under `torchrun --nproc_per_node=2` (gloo, CPU): one optimizer step
+of train.run_update on a DDP-wrapped float64 policy, the two ranks holding unequal numbers of rows of
+unequal lengths, and in one case a rank whose filter kept nothing. Rank 0 saves, for each case, the
+change of every parameter under SGD with lr 1 (= minus the gradient) and the logged loss.
+
+    python -m torch.distributed.run --nproc_per_node=2 tests/microbatch_ddp_worker.py BATCH.pt OUT.pt
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import prime  # noqa: E402
+import train  # noqa: E402
+
+# case: (rows of rank 0, rows of rank 1, train.py flags); rows index the saved batch
+CASES = {
+    "uneven-fixed": (range(0, 3), range(3, 12), dict(micro_batch_size=2)),
+    "uneven-budget": (range(0, 3), range(3, 12), dict(max_tokens_per_micro_batch=150)),
+    "rank0-kept-nothing": (range(0, 0), range(2, 12), dict(max_tokens_per_micro_batch=150)),
+}
+
+
+def main(batch_path: str, out_path: str) -> None:
+    d = train.setup_distributed()
+    saved = torch.load(batch_path, weights_only=False)
+    ro, logp_old, adv, temperature = saved["rollout"], saved["logp_old"], saved["adv"], saved["temperature"]
+    from transformers import AutoModelForCausalLM
+    results = {}
+    for name, (rows0, rows1, flags) in CASES.items():
+        model = AutoModelForCausalLM.from_pretrained(saved["model"], dtype=torch.float64)
+        start = [p.detach().clone() for p in model.parameters()]
+        ddp = train.wrap_ddp(model, d)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=1.0)
+        rows = torch.tensor(list(rows0 if d.rank == 0 else rows1), dtype=torch.long)
+        n_rows = len(rows)
+        if n_rows == 0:  # as train.filter_groups does: a placeholder row that carries no gradient
+            rows = torch.tensor([0])
+        mine, mask = ro.select(rows), ro.response_mask[rows].double()
+        args = train.Args(**flags)
+
+        def loss_fn(mb):
+            logp = train.response_logprobs(ddp, mb.rollout(mine), temperature)
+            return prime.ppo_clip_loss(logp, mb.of(logp_old[rows]), mb.of(adv[rows]), mb.of(mask), 0.2)
+
+        plan = train.plan_update(mine, n_rows, args, d)
+        losses = train.run_update(ddp, optimizer, loss_fn, lambda mb: float(mb.of(mask).sum()), plan, args, d, 1e9)
+        results[name] = dict(delta=[p.detach() - s for p, s in zip(model.parameters(), start)], losses=losses,
+                             micro_batches=len(plan[0]))
+    if d.rank == 0:
+        torch.save(results, out_path)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,319 @@
+"""Micro-batches: fixed row counts or a token budget (--max-tokens-per-micro-batch), trimmed of
+padding, and a loss that does not depend on the split (--loss-mean global) in one process and under
+DDP. Gradients are read off a real optimizer step: SGD with lr 1 moves each parameter by minus its
+gradient, checked in float64 against autograd of the whole batch in one forward."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import prime
+import toy_task
+import train
+from rollout import HFRollout, Rollout
+
+from conftest import SFT_STEPS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def synthetic_rollout(prompt_lens, response_lens) -> Rollout:
+    """Rows with the given lengths in the rollout layout (prompts left-padded, responses right-padded)."""
+    P, R = max(prompt_lens), max(response_lens)
+    positions_p, positions_r = torch.arange(P)[None], torch.arange(R)[None]
+    prompt_mask = (positions_p >= P - torch.tensor(prompt_lens)[:, None]).long()
+    response_mask = (positions_r < torch.tensor(response_lens)[:, None]).long()
+    ids = lambda m: torch.where(m.bool(), 5, 0)
+    return Rollout(ids(prompt_mask), prompt_mask, ids(response_mask), response_mask,
+                   torch.zeros(len(prompt_lens), dtype=torch.bool))
+
+
+# ---------------------------------------------------------------------------------------------------
+# the plans
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_trimmed_drops_only_the_padding_no_row_uses():
+    ro = synthetic_rollout([3, 5, 2], [4, 1, 7]).select(torch.tensor([0, 2]))  # row 1 (the widest prompt) left out
+    t = ro.trimmed()
+    assert t.prompt_ids.shape == (2, 3) and t.response_ids.shape == (2, 7)
+    assert t.prompt_mask.tolist() == [[1, 1, 1], [0, 1, 1]]
+    assert t.response_mask.sum(1).tolist() == [4, 7]
+    short = synthetic_rollout([3, 5, 2], [4, 1, 7]).select(torch.tensor([0, 1])).trimmed()
+    assert short.prompt_ids.shape == (2, 5) and short.response_ids.shape == (2, 4)
+
+
+def test_fixed_plan_is_consecutive_rows_and_pads_short_ranks_with_zero_weight():
+    ro = synthetic_rollout([2] * 6, [3, 1, 4, 1, 5, 9])
+    args = train.Args(micro_batch_size=2)
+    plan = train.plan_update(ro, 5, args, train.Dist())
+    assert [(mb.rows.tolist(), mb.width, mb.weight) for mb in plan[0]] == \
+        [([0, 1], 3, 1.0), ([2, 3], 4, 1.0), ([4], 5, 1.0)]
+    # two optimizer steps: rows split 3 / 2 (contiguous), each packed on its own
+    plan = train.plan_update(ro, 5, train.Args(micro_batch_size=2, mini_batches=2), train.Dist())
+    assert [[mb.rows.tolist() for mb in step] for step in plan] == [[[0, 1], [2]], [[3, 4]]]
+    # nothing kept: no real micro-batch (a rank under DDP would get zero-weight repeats, see the torchrun test)
+    assert train.plan_update(ro, 0, args, train.Dist()) == [[]]
+
+
+def test_token_budget_packs_by_length_and_covers_every_row_once(capsys):
+    prompt_lens = [10, 12, 11, 10, 30, 10, 11, 12]
+    response_lens = [5, 60, 7, 6, 200, 8, 55, 6]
+    ro = synthetic_rollout(prompt_lens, response_lens)
+    args = train.Args(max_tokens_per_micro_batch=150)
+    train._told_long_rows = False
+    mbs = train.pack_rows(ro, 0, 8, args)
+    assert sorted(r for mb in mbs for r in mb.rows.tolist()) == list(range(8))
+    # the 230-token row alone (over budget); 72 + 66 = 2 x 72 = 144 <= 150; then the short ones:
+    # 5 rows x (widest prompt 12 + widest response 8) = 100
+    assert [sorted(mb.rows.tolist()) for mb in mbs] == [[4], [1, 6], [0, 2, 3, 5, 7]]
+    for mb in mbs:
+        size = len(mb.rows) * (max(prompt_lens[r] for r in mb.rows) + max(response_lens[r] for r in mb.rows))
+        assert size <= 150 or len(mb.rows) == 1
+        assert mb.width == max(response_lens[r] for r in mb.rows.tolist())
+    assert "a row of 230 tokens" in capsys.readouterr().out
+    train.pack_rows(ro, 0, 8, args)
+    assert "a row of" not in capsys.readouterr().out  # said once
+    # groups kept whole (the DPO loss): units of 2 rows
+    mbs = train.pack_rows(ro, 0, 8, args, unit=2)
+    assert all(set(mb.rows.tolist()) == {r ^ 1 for r in mb.rows.tolist()} for mb in mbs)  # 2k with 2k + 1
+    assert sorted(r for mb in mbs for r in mb.rows.tolist()) == list(range(8))
+
+
+def test_padding_share_falls_with_the_budget():
+    """One long response among short ones: fixed micro-batches pad every row to it; the budget does not."""
+    torch.manual_seed(0)
+    response_lens = torch.randint(10, 60, (32,)).tolist()
+    response_lens[7] = 400
+    ro = synthetic_rollout([20] * 32, response_lens)
+    real = sum(response_lens) + 20 * 32
+
+    def padded(args):
+        return sum(len(mb.rows) * (20 + mb.width) for mb in train.pack_rows(ro, 0, 32, args))
+
+    assert padded(train.Args(micro_batch_size=8)) / real > 1.5
+    assert padded(train.Args(max_tokens_per_micro_batch=600)) / real < 1.1
+
+
+# ---------------------------------------------------------------------------------------------------
+# gradients: the split changes nothing under --loss-mean global
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def toy_batch(cache_dir):
+    """12 real responses of unequal length (and prompts of unequal length) from the toy SFT model,
+    with old log-probs a little off the policy (ratios != 1, some clipped) and random advantages."""
+    path = toy_task.sft_checkpoint(cache_dir, SFT_STEPS)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    torch.manual_seed(3)
+    prompts = [tokenizer(p.prompt)["input_ids"] for p in toy_task.make_problems(6, seed=11, min_ops=2, max_ops=8)]
+    ro = HFRollout(model, tokenizer, max_new_tokens=64).generate(prompts, n=2)
+    assert len(set(ro.response_mask.sum(1).tolist())) > 4 and len(set(ro.prompt_mask.sum(1).tolist())) > 2
+    gen = torch.Generator().manual_seed(5)
+    mask = ro.response_mask.double()
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+    with torch.no_grad():
+        logp = train.response_logprobs(policy, ro, 0.7)
+    logp_old = (logp + 0.3 * torch.randn(logp.shape, generator=gen, dtype=torch.float64)) * mask
+    adv = torch.randn(logp.shape, generator=gen, dtype=torch.float64) * mask
+    outcome = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 0, 0])
+    return dict(path=path, ro=ro, mask=mask, logp_old=logp_old, adv=adv, outcome=outcome, temperature=0.7)
+
+
+def policy_step(b, **flags):
+    """One train.run_update of the float64 policy with these flags: (parameter change, logged losses)."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(b["path"], dtype=torch.float64)
+    start = [p.detach().clone() for p in model.parameters()]
+    args = train.Args(**flags)
+    ro, mask = b["ro"], b["mask"]
+
+    def loss_fn(mb):
+        logp = train.response_logprobs(model, mb.rollout(ro), b["temperature"])
+        return prime.ppo_clip_loss(logp, mb.of(b["logp_old"]), mb.of(b["adv"]), mb.of(mask), 0.2)
+
+    losses = train.run_update(model, torch.optim.SGD(model.parameters(), lr=1.0), loss_fn,
+                              lambda mb: float(mb.of(mask).sum()), train.plan_update(ro, len(ro), args, train.Dist()),
+                              args, train.Dist(), 1e9)
+    return [p.detach() - s for p, s in zip(model.parameters(), start)], losses
+
+
+def whole_batch_gradient(b, rows=None):
+    """Autograd of Eq. 6's token mean over the given rows in one forward, untrimmed: minus the gradient."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(b["path"], dtype=torch.float64)
+    rows = torch.arange(len(b["ro"])) if rows is None else rows
+    logp = train.response_logprobs(model, b["ro"].select(rows), b["temperature"])
+    loss = prime.ppo_clip_loss(logp, b["logp_old"][rows], b["adv"][rows], b["mask"][rows], 0.2)
+    loss.backward()
+    return [-p.grad for p in model.parameters()], loss.item()
+
+
+def assert_same(a, b, tol=1e-5):
+    worst = max(((x - y).abs().max() / y.abs().max().clamp(min=1e-12)).item() for x, y in zip(a, b))
+    assert worst < tol, worst
+
+
+@pytest.mark.parametrize("flags", [dict(micro_batch_size=64), dict(micro_batch_size=3), dict(micro_batch_size=5),
+                                   dict(max_tokens_per_micro_batch=200), dict(max_tokens_per_micro_batch=1)])
+def test_policy_gradient_and_loss_do_not_depend_on_the_split(toy_batch, flags):
+    expected, expected_loss = whole_batch_gradient(toy_batch)
+    delta, losses = policy_step(toy_batch, **flags)
+    assert_same(delta, expected)
+    assert losses == pytest.approx([expected_loss], rel=1e-9, abs=1e-12)
+
+
+def test_two_optimizer_steps_split_the_rows_the_same_way_whatever_the_micro_batches(toy_batch):
+    fixed, fixed_losses = policy_step(toy_batch, micro_batch_size=2, mini_batches=2)
+    budget, budget_losses = policy_step(toy_batch, max_tokens_per_micro_batch=250, mini_batches=2)
+    assert_same(budget, fixed)
+    assert budget_losses == pytest.approx(fixed_losses, rel=1e-9)
+    first = whole_batch_gradient(toy_batch, torch.arange(6))[1]
+    assert len(fixed_losses) == 2 and fixed_losses[0] == pytest.approx(first, rel=1e-9)
+
+
+def test_micro_mean_is_the_mean_of_micro_batch_means_and_depends_on_the_split(toy_batch):
+    delta, losses = policy_step(toy_batch, micro_batch_size=5, loss_mean="micro")
+    # rows 0-4, 5-9, 10-11: the plain mean of the three micro-batches' token means
+    means = [whole_batch_gradient(toy_batch, torch.arange(a, b)) for a, b in ((0, 5), (5, 10), (10, 12))]
+    expected = [sum(g[i] for g, _ in means) / 3 for i in range(len(delta))]
+    assert_same(delta, expected)
+    assert losses == pytest.approx([sum(loss for _, loss in means) / 3], rel=1e-9)
+    global_delta, _ = policy_step(toy_batch, micro_batch_size=5)
+    assert max((a - b).abs().max().item() for a, b in zip(delta, global_delta)) > 1e-4
+
+
+@pytest.mark.parametrize("prm_loss", ["ce", "dpo"])
+def test_prm_update_and_rewards_do_not_depend_on_the_split(toy_batch, prm_loss):
+    """implicit_prm_step: the PRM's CE (or DPO) update is a response mean over the whole batch, and
+    the rewards (from the same forward) are the same, whatever the split."""
+    from transformers import AutoModelForCausalLM
+    b = toy_batch
+    ref = AutoModelForCausalLM.from_pretrained(b["path"], dtype=torch.float64)
+    logp_ref = train.logprobs_no_grad(ref, b["ro"], train.Args())
+    results = []
+    for flags in (dict(micro_batch_size=64), dict(micro_batch_size=4), dict(max_tokens_per_micro_batch=120)):
+        prm = AutoModelForCausalLM.from_pretrained(b["path"], dtype=torch.float64)
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():  # off the reference, so that the rewards are not all 0
+            for p in prm.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+        start = [p.detach().clone() for p in prm.parameters()]
+        args = train.Args(n_samples=2, prm_loss=prm_loss, beta=0.5, **flags)
+        rewards, losses = train.implicit_prm_step(prm, torch.optim.SGD(prm.parameters(), lr=1.0), b["ro"], logp_ref,
+                                                  b["mask"], b["outcome"].double(), len(b["ro"]), args,
+                                                  train.Dist(), True)
+        results.append(([p.detach() - s for p, s in zip(prm.parameters(), start)], rewards, losses))
+    for delta, rewards, losses in results[1:]:
+        assert_same(delta, results[0][0])
+        assert torch.allclose(rewards, results[0][1], atol=1e-10)
+        assert losses == pytest.approx(results[0][2], rel=1e-6)  # (token_logprobs returns float32)
+    assert results[0][1].abs().sum() > 0 and any(d.abs().max() > 0 for d in results[0][0])
+
+
+def test_a_step_with_nothing_kept_on_any_rank_leaves_the_weights_alone(toy_batch):
+    """Only zero-weight repeats (every rank's filter kept nothing): no optimizer step. AdamW stepping
+    on the zero gradients would still move every weight by its momentum and its weight decay."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(toy_batch["path"], dtype=torch.float64)
+    ro, mask = toy_batch["ro"], toy_batch["mask"]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+
+    def loss_fn(mb):
+        logp = train.response_logprobs(model, mb.rollout(ro))
+        return prime.ppo_clip_loss(logp, mb.of(toy_batch["logp_old"]), mb.of(toy_batch["adv"]), mb.of(mask), 0.2)
+
+    count, args = lambda mb: float(mb.of(mask).sum()), train.Args()
+    train.run_update(model, optimizer, loss_fn, count, train.plan_update(ro, len(ro), args, train.Dist()), args,
+                     train.Dist(), 1.0)  # a real step first: AdamW now has momentum
+    before = [p.detach().clone() for p in model.parameters()]
+    repeats = [[train.MicroBatch(torch.tensor([0]), 5, weight=0.0)] * 2]
+    assert train.run_update(model, optimizer, loss_fn, count, repeats, args, train.Dist(), 1.0) == []
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+
+
+def test_no_grad_passes_equal_the_whole_batch_forward(toy_batch):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(toy_batch["path"], dtype=torch.float64)
+    ro = toy_batch["ro"]
+    with torch.no_grad():
+        whole = train.response_logprobs(model, ro, 0.7)
+    for args in (train.Args(micro_batch_size=5), train.Args(max_tokens_per_micro_batch=100)):
+        got = train.logprobs_no_grad(model, ro, args, 0.7)
+        assert got.shape == whole.shape and torch.allclose(got, whole.float(), atol=1e-6)
+
+
+def test_two_ranks_with_unequal_rows_give_the_whole_batch_gradient(toy_batch, tmp_path):
+    """torchrun, 2 ranks: rank 0 holds 3 short-and-long rows, rank 1 nine; then rank 0 keeps nothing.
+    DDP's average over ranks is undone: each step is the token mean over every row of both ranks."""
+    batch = tmp_path / "batch.pt"
+    torch.save(dict(rollout=toy_batch["ro"], logp_old=toy_batch["logp_old"], adv=toy_batch["adv"],
+                    temperature=toy_batch["temperature"], model=toy_batch["path"]), batch)
+    out = tmp_path / "out.pt"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port",
+                           "29541", str(REPO / "tests" / "microbatch_ddp_worker.py"), str(batch), str(out)],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = torch.load(out, weights_only=False)
+    expected, expected_loss = whole_batch_gradient(toy_batch)
+    for case in ("uneven-fixed", "uneven-budget"):
+        assert_same(results[case]["delta"], expected)
+        assert results[case]["losses"] == pytest.approx([expected_loss], rel=1e-9)
+    assert results["uneven-fixed"]["micro_batches"] == 5  # rank 1's nine rows in 2s; rank 0 repeats 3 times
+    expected, expected_loss = whole_batch_gradient(toy_batch, torch.arange(2, 12))
+    assert_same(results["rank0-kept-nothing"]["delta"], expected)
+    assert results["rank0-kept-nothing"]["losses"] == pytest.approx([expected_loss], rel=1e-9)
+
+
+def test_train_runs_with_a_token_budget_log_the_same_first_step_losses(cache_dir, tmp_path):
+    """The real entry point: the same seed with fixed micro-batches of 3 rows and with a token budget
+    logs the same PRM and policy losses at the first iteration. Two optimizer steps an iteration, so
+    that the logged losses are not the trivial ones of the first step (ln 2 for the PRM, ~0 for the
+    policy at ratio 1)."""
+    from test_train import metrics_of, run_train
+    for name, flags in (("fixed", ["--micro-batch-size", "3"]), ("budget", ["--max-tokens-per-micro-batch", "160"])):
+        proc = run_train(["--steps", "1", "--run-name", name, "--eval-problems", "4", "--mini-batches", "2", *flags],
+                         cache_dir, tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    fixed, budget = metrics_of(tmp_path / "fixed")[0], metrics_of(tmp_path / "budget")[0]
+    assert fixed["kept_groups"] == budget["kept_groups"] > 0
+    assert abs(fixed["prm_loss"] - 0.6931) > 1e-3 and abs(fixed["policy_loss"]) > 1e-5
+    assert budget["prm_loss"] == pytest.approx(fixed["prm_loss"], rel=1e-5)
+    # float32 round-off of the first step's gradients, through Adam's first update (about sign(g) x lr,
+    # so entries whose gradient is near 0 move by round-off), shows in the second step's ratio: 2e-4 here
+    assert budget["policy_loss"] == pytest.approx(fixed["policy_loss"], rel=2e-3)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the memory estimate
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_memory_estimate_arithmetic_by_hand():
+    from transformers import Qwen2Config
+    config = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=256, num_hidden_layers=3)
+    n = 2_000_000
+    args = train.Args(micro_batch_size=4, max_prompt_len=100, max_response_len=300)
+    est = train.memory_estimate_gb(n, args, config)
+    # state: 16 + 16 + 2 bytes a parameter = 68 MB
+    assert est["policy (weights+grads+adam)"] == pytest.approx(0.032)
+    assert est["reference (bf16)"] == pytest.approx(0.004)
+    # 4 rows x 400 tokens = 1600 tokens x 3 layers x (10 x 64 + 4 x 256 = 1664 values) x 4 bytes
+    assert est["activations (one micro-batch)"] == pytest.approx(1600 * 3 * 1664 * 4 / 1e9)
+    # 4 x 301 positions x 1000 vocab x 4 bytes x 2 (logits and their gradient)
+    assert est["logits (one micro-batch)"] == pytest.approx(4 * 301 * 1000 * 8 / 1e9)
+    assert est["total"] == pytest.approx(0.068 + 1600 * 3 * 1664 * 4 / 1e9 + 4 * 301 * 1000 * 8 / 1e9)
+    # a token budget of 1000, with gradient checkpointing: each layer's input (64) + one layer recomputed
+    args = train.Args(max_tokens_per_micro_batch=1000, gradient_checkpointing=True, reference="policy")
+    est = train.memory_estimate_gb(n, args, config)
+    assert est["activations (one micro-batch)"] == pytest.approx(1000 * (3 * 64 + 1664) * 4 / 1e9)
+    assert est["logits (one micro-batch)"] == pytest.approx(1000 * 1000 * 8 / 1e9)
+    assert est["reference (bf16)"] == 0.0
