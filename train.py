@@ -581,26 +581,49 @@ def unwrap(model):
 def response_logprobs(model, ro: Rollout, temperature: float = 1.0) -> torch.Tensor:
     """log pi(y_t | x, y_<t) for every response token, (B, R) float32, 0 on padding.
 
-    Prompt (left-padded) and response (right-padded) are concatenated; positions come from the
-    attention mask so left padding does not shift them, exactly as in HF generate. Only the
-    response positions go through the LM head (`logits_to_keep`), and prime.token_logprobs never
-    builds a full float32 log-softmax.
+    Each row's prompt and response go in as one sequence (forward_sequences); only the last
+    positions, where the responses are, go through the LM head (`logits_to_keep`), and
+    prime.token_logprobs never builds a full float32 log-softmax.
     """
-    R = ro.response_ids.shape[1]
-    out, input_ids = forward_sequences(model, ro, logits_to_keep=R + 1)
-    logits = out.logits[:, :-1]  # (B, R, V): the prediction for each response token
+    t = ro.trimmed()
+    R = t.response_ids.shape[1]
+    out, input_ids = forward_sequences(model, t, logits_to_keep=R + 1)
+    logits = out.logits[:, :-1]  # (B, R, V): the prediction of each of the last R tokens of each row
     logp = prime.token_logprobs(logits, input_ids[:, -R:], temperature)
-    return logp * ro.response_mask.to(input_ids.device)
+    return widen(to_response_columns(logp, t.response_mask), ro.response_ids.shape[1])
 
 
 def forward_sequences(model, ro: Rollout, **kwargs):
-    """(model output, input ids) of prompt (left-padded) + response (right-padded) on the model's
-    device; positions come from the attention mask, so left padding does not shift them."""
+    """(model output, input ids) of each row's prompt + response on the model's device, as ONE
+    left-padded sequence: the real tokens of prompt and response, contiguous, ending at the last
+    column. A batch's padding is then what its longest sequence needs, whatever the spread of prompt
+    and response lengths (prompts left-padded to the widest prompt and responses right-padded to the
+    widest response would pad twice). Positions come from the attention mask, so left padding does
+    not shift them, exactly as in HF generate. Response token t of a row with L response tokens sits
+    L - t columns from the end; to_response_columns puts it back in column t."""
     device = next(model.parameters()).device
-    input_ids = torch.cat([ro.prompt_ids, ro.response_ids], 1).to(device)
-    attention = torch.cat([ro.prompt_mask, ro.response_mask], 1).to(device)
-    return model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids_from_mask(attention),
-                 use_cache=False, **kwargs), input_ids
+    ids = torch.cat([ro.prompt_ids, ro.response_ids], 1)
+    mask = torch.cat([ro.prompt_mask, ro.response_mask], 1)
+    order = torch.argsort(mask, dim=1, stable=True)  # per row: padding first, then the real tokens in order
+    width = int(mask.sum(1).max())
+    ids, mask = ids.gather(1, order)[:, -width:].to(device), mask.gather(1, order)[:, -width:].to(device)
+    return model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                 use_cache=False, **kwargs), ids
+
+
+def to_response_columns(last: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """(B, R) values of the last R tokens of each forward_sequences row -> (B, R) with response
+    token t in column t, 0 on padding. Row i's response (L_i tokens) fills the last L_i of the R
+    columns, so its token t is at column R - L_i + t of `last`."""
+    R = response_mask.shape[1]
+    lengths = response_mask.sum(1).to(last.device)
+    column = ((R - lengths)[:, None] + torch.arange(R, device=last.device)[None]).clamp(max=R - 1)
+    return last.gather(1, column) * response_mask.to(last.device)
+
+
+def widen(x: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, R') -> (B, width) with zeros on the right: back to the batch's response width."""
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
 def critic_values(critic, ro: Rollout) -> torch.Tensor:
@@ -610,10 +633,11 @@ def critic_values(critic, ro: Rollout) -> torch.Tensor:
     label): its output at a position is the value of the sequence up to and including that position,
     so the state BEFORE response token t is read one position to the left, as the log-prob of token
     t is read from the logits one position to the left."""
-    R = ro.response_ids.shape[1]
-    out, input_ids = forward_sequences(critic, ro)
-    values = out.logits[:, -R - 1:-1, 0].float()
-    return values * ro.response_mask.to(input_ids.device)
+    t = ro.trimmed()
+    R = t.response_ids.shape[1]
+    out, _ = forward_sequences(critic, t)
+    values = out.logits[:, -R - 1:-1, 0].float()  # the state before each of the last R tokens
+    return widen(to_response_columns(values, t.response_mask), ro.response_ids.shape[1])
 
 
 @dataclasses.dataclass
@@ -646,30 +670,46 @@ def pack_rows(ro: Rollout, start: int, stop: int, args: Args, unit: int = 1) -> 
     the DPO loss, which compares responses within it).
 
     --max-tokens-per-micro-batch 0: `micro_batch_size` rows at a time, in order. Otherwise the units are
-    sorted by length, longest first, and packed greedily so that each micro-batch's padded size,
-    rows x (its widest prompt + its widest response), stays within the budget: short rows share a
-    micro-batch instead of each being padded to the longest row of the whole batch. A unit longer than
-    the budget on its own gets a micro-batch of its own."""
+    sorted by length (prompt + response), longest first, and cut into runs whose padded size, rows x
+    the run's longest sequence (forward_sequences pads each row to that), fits the budget: as FEW
+    micro-batches as the budget allows and, among those cuts, the least padding (fewest computed
+    tokens), found exactly by dynamic programming over the cut points. Rows of like length then share
+    a micro-batch instead of each being padded to the longest row of the whole batch. A unit longer
+    than the budget gets a micro-batch of its own."""
     global _told_long_rows
     prompt_len, response_len = ro.prompt_mask.sum(1).tolist(), ro.response_mask.sum(1).clamp(min=1).tolist()
     units = [list(range(s, min(s + unit, stop))) for s in range(start, stop, unit)]
-    groups = []
     if not args.max_tokens_per_micro_batch:
         per = max(args.micro_batch_size // unit, 1)
         groups = [sum(units[i:i + per], []) for i in range(0, len(units), per)]
-    else:
-        budget = args.max_tokens_per_micro_batch
-        size = lambda rows: len(rows) * (max(prompt_len[r] for r in rows) + max(response_len[r] for r in rows))
-        for u in sorted(units, key=lambda u: -max(prompt_len[r] + response_len[r] for r in u)):
-            if groups and size(groups[-1] + u) <= budget:
-                groups[-1] += u
-            else:
-                groups.append(list(u))
-                if size(u) > budget and not _told_long_rows:
-                    _told_long_rows = True
-                    print(f"--max-tokens-per-micro-batch {budget}: a row of {size(u)} tokens (prompt + response"
-                          f"{', its group' if unit > 1 else ''}) gets a micro-batch of its own", flush=True)
-    return [MicroBatch(torch.tensor(g), max(response_len[r] for r in g)) for g in groups]
+        return [MicroBatch(torch.tensor(g), max(response_len[r] for r in g)) for g in groups]
+    budget = args.max_tokens_per_micro_batch
+    units.sort(key=lambda u: -max(prompt_len[r] + response_len[r] for r in u))
+    longest = [max(prompt_len[r] + response_len[r] for r in u) for u in units]
+    # best[i] = (micro-batches, computed tokens, end of the first run) for units i..n-1
+    n = len(units)
+    best = [(0, 0, n)] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        rows, choice = 0, None
+        for j in range(i + 1, n + 1):  # the run i..j-1, padded to longest[i]
+            rows += len(units[j - 1])
+            size = rows * longest[i]
+            if size > budget and j > i + 1:
+                break
+            if size > budget and not _told_long_rows:
+                _told_long_rows = True
+                print(f"--max-tokens-per-micro-batch {budget}: a row of {size} tokens (prompt + response"
+                      f"{', its group' if unit > 1 else ''}) gets a micro-batch of its own", flush=True)
+            option = (1 + best[j][0], size + best[j][1], j)
+            if choice is None or option[:2] < choice[:2]:
+                choice = option
+        best[i] = choice
+    batches, i = [], 0
+    while i < n:
+        rows = sum(units[i:best[i][2]], [])
+        batches.append(MicroBatch(torch.tensor(rows), max(response_len[r] for r in rows)))
+        i = best[i][2]
+    return batches
 
 
 def plan_update(ro: Rollout, n_rows: int, args: Args, d: Dist, unit: int = 1) -> list[list[MicroBatch]]:

@@ -68,11 +68,12 @@ def test_token_budget_packs_by_length_and_covers_every_row_once(capsys):
     train._told_long_rows = False
     mbs = train.pack_rows(ro, 0, 8, args)
     assert sorted(r for mb in mbs for r in mb.rows.tolist()) == list(range(8))
-    # the 230-token row alone (over budget); 72 + 66 = 2 x 72 = 144 <= 150; then the short ones:
-    # 5 rows x (widest prompt 12 + widest response 8) = 100
+    # a micro-batch computes rows x its longest prompt + response: the 230-token row alone (over the
+    # budget); 72 and 66 together, 2 x 72 = 144 <= 150 (a third row would make 216); then the five
+    # short ones, 5 x 18 = 90
     assert [sorted(mb.rows.tolist()) for mb in mbs] == [[4], [1, 6], [0, 2, 3, 5, 7]]
     for mb in mbs:
-        size = len(mb.rows) * (max(prompt_lens[r] for r in mb.rows) + max(response_lens[r] for r in mb.rows))
+        size = len(mb.rows) * max(prompt_lens[r] + response_lens[r] for r in mb.rows)
         assert size <= 150 or len(mb.rows) == 1
         assert mb.width == max(response_lens[r] for r in mb.rows.tolist())
     assert "a row of 230 tokens" in capsys.readouterr().out
@@ -84,6 +85,37 @@ def test_token_budget_packs_by_length_and_covers_every_row_once(capsys):
     assert sorted(r for mb in mbs for r in mb.rows.tolist()) == list(range(8))
 
 
+def test_token_budget_cut_is_the_best_of_every_cut_by_brute_force():
+    """Fewest micro-batches, then fewest computed tokens: against every way of cutting the sorted rows
+    into runs (2^(n-1) of them), on random lengths, with and without groups kept whole."""
+    import itertools
+    import random
+    rng = random.Random(0)
+    for trial in range(30):
+        n, unit = rng.choice([(7, 1), (9, 1), (8, 2)])
+        prompt_lens = [rng.randint(3, 30) for _ in range(n)]
+        response_lens = [int(rng.lognormvariate(3, 0.8)) + 1 for _ in range(n)]
+        budget = rng.choice([60, 120, 250])
+        ro = synthetic_rollout(prompt_lens, response_lens)
+        got = train.pack_rows(ro, 0, n, train.Args(max_tokens_per_micro_batch=budget), unit=unit)
+        total = [p + r for p, r in zip(prompt_lens, response_lens)]
+        units = sorted([list(range(s, s + unit)) for s in range(0, n, unit)], key=lambda u: -max(total[r] for r in u))
+        cost = lambda runs: (len(runs), sum(len(run) * max(total[r] for r in run) for run in runs))
+        best = None
+        for cuts in itertools.product([0, 1], repeat=len(units) - 1):
+            runs, run = [], list(units[0])
+            for cut, u in zip(cuts, units[1:]):
+                if cut:
+                    runs.append(run)
+                    run = []
+                run = run + u
+            runs.append(run)
+            if all(len(run) * max(total[r] for r in run) <= budget or len(run) == unit for run in runs):
+                best = cost(runs) if best is None else min(best, cost(runs))
+        assert cost([mb.rows.tolist() for mb in got]) == best, (trial, prompt_lens, response_lens, budget)
+        assert sorted(r for mb in got for r in mb.rows.tolist()) == list(range(n))
+
+
 def test_padding_share_falls_with_the_budget():
     """One long response among short ones: fixed micro-batches pad every row to it; the budget does not."""
     torch.manual_seed(0)
@@ -92,7 +124,7 @@ def test_padding_share_falls_with_the_budget():
     ro = synthetic_rollout([20] * 32, response_lens)
     real = sum(response_lens) + 20 * 32
 
-    def padded(args):
+    def padded(args):  # every prompt has 20 tokens: a micro-batch's longest sequence is 20 + its widest response
         return sum(len(mb.rows) * (20 + mb.width) for mb in train.pack_rows(ro, 0, 32, args))
 
     assert padded(train.Args(micro_batch_size=8)) / real > 1.5
@@ -237,6 +269,29 @@ def test_a_step_with_nothing_kept_on_any_rank_leaves_the_weights_alone(toy_batch
     repeats = [[train.MicroBatch(torch.tensor([0]), 5, weight=0.0)] * 2]
     assert train.run_update(model, optimizer, loss_fn, count, repeats, args, train.Dist(), 1.0) == []
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+
+
+def test_response_logprobs_and_values_equal_each_row_run_alone_without_padding(toy_batch, cache_dir):
+    """forward_sequences packs each row's prompt + response into one left-padded sequence and
+    to_response_columns puts response token t back in column t: the log-probs (at T = 0.7) and the
+    critic's values equal those of each row fed alone, with no padding at all, by a plain loop."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    model = AutoModelForCausalLM.from_pretrained(toy_batch["path"], dtype=torch.float64)
+    critic = AutoModelForTokenClassification.from_pretrained(toy_batch["path"], num_labels=1, dtype=torch.float64)
+    ro = toy_batch["ro"]
+    with torch.no_grad():
+        logp, values = train.response_logprobs(model, ro, 0.7), train.critic_values(critic, ro)
+        for i in range(len(ro)):
+            prompt = ro.prompt_ids[i][ro.prompt_mask[i].bool()]
+            response = ro.response_ids[i][ro.response_mask[i].bool()]
+            ids = torch.cat([prompt, response])[None]
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1] / 0.7  # the prediction of each response token
+            alone = torch.log_softmax(logits, -1).gather(-1, response[:, None]).squeeze(-1)
+            v = critic(input_ids=ids).logits[0, len(prompt) - 1:-1, 0]  # the state before each response token
+            L = len(response)
+            assert torch.allclose(logp[i, :L].double(), alone, atol=1e-5) and (logp[i, L:] == 0).all()
+            assert torch.allclose(values[i, :L].double(), v, atol=1e-5) and (values[i, L:] == 0).all()
+    assert len(set(ro.response_mask.sum(1).tolist())) > 1 and len(set(ro.prompt_mask.sum(1).tolist())) > 1
 
 
 def test_no_grad_passes_equal_the_whole_batch_forward(toy_batch):
