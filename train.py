@@ -26,6 +26,9 @@ Simplifications relative to the paper's setup (each one a choice a reader should
     4. Generation: `--rollout vllm` (the default where vLLM and a GPU are present) runs a vLLM engine
        inside each rank, fed the policy's weights after every update; `--rollout hf` samples with HF
        `generate` on the policy itself. Held-out accuracy always uses HF greedy decoding.
+    5. Each optimizer step minimises the token mean over its whole mini-batch, all ranks and micro-
+       batches (--loss-mean global), so the split changes nothing; the official code averaged the
+       micro-batch means (--loss-mean micro, what the paper's runs did).
 """
 
 import argparse

@@ -3,7 +3,10 @@
 #   1. the GPU-only tests (tests/test_gpu.py),
 #   2. bench_gpu.py: per-phase time, tokens/s and peak memory of a 0.5B-shaped Qwen2 (HF rollouts;
 #      vLLM too when it is installed),
-#   3. the embedded default loop on CUDA for 20 steps (its step-time split).
+#   3. the embedded default loop on CUDA for 20 steps (its step-time split, and the memory estimate
+#      next to the measured peak after its first step),
+#   4. bench_microbatch.py at Qwen2.5-1.5B shapes: fixed vs token-budget micro-batches, and
+#      train.py's memory estimate next to torch.cuda.max_memory_allocated.
 # Logs go to $OUT (default gpu_out/). PRIME_TEST_CACHE / --cache-dir: a folder holding the toy SFT
 # checkpoint, to skip its CPU warm-up (optional).
 #     bash bench/run_gpu_checks.sh
@@ -23,4 +26,6 @@ if python3 -c "import vllm" 2>/dev/null; then
         --steps 3 2>&1 | tee "$OUT/bench_vllm.log"
 fi
 timeout 150 python3 train.py --steps 20 --rollout hf --sft-steps 300 --cache-dir "$CACHE" --out-dir "$OUT/runs" \
-    --run-name gpu-toy 2>&1 | grep -v "it/s\]" | tail -6 | tee "$OUT/toy.log"
+    --run-name gpu-toy 2>&1 | grep -v "it/s\]" | grep -E "memory|held-out|time per step|training reward" \
+    | tee "$OUT/toy.log"
+timeout 240 python3 bench/bench_microbatch.py --case qwen1.5b 2>&1 | grep -v "it/s" | tee "$OUT/bench_microbatch.log"
