@@ -529,6 +529,13 @@ def memory_estimate_gb(n_params: int, args: Args, config=None) -> dict:
     return est
 
 
+def memory_line(policy, args: Args, measured_gb: float) -> str:
+    """The estimate next to what the first step used (torch.cuda.max_memory_allocated, in GB)."""
+    est = memory_estimate_gb(sum(p.numel() for p in policy.parameters()), args, policy.config)
+    return (f"memory per GPU after the first step: estimated {est['total']:.2f} GB, measured {measured_gb:.2f} GB "
+            f"(torch.cuda.max_memory_allocated{', vLLM included' if args.rollout == 'vllm' else ''})")
+
+
 def check_memory(path: str, args: Args, d: Dist) -> None:
     """Print the estimate and refuse a model whose state cannot fit, before loading any weight."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -1371,10 +1378,7 @@ def main(argv=None):
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_checkpoint(run_dir, step + 1, policy, prm, policy_opt, prm_opt, d, critic, critic_opt)
         if step == start_step and d.device.type == "cuda":  # the up-front estimate against the first step
-            est = memory_estimate_gb(sum(p.numel() for p in unwrap(policy).parameters()), args, unwrap(policy).config)
-            print0(d, f"memory per GPU after the first step: estimated {est['total']:.2f} GB, measured "
-                      f"{torch.cuda.max_memory_allocated(d.device) / 1e9:.2f} GB (torch.cuda.max_memory_allocated"
-                      f"{', vLLM included' if args.rollout == 'vllm' else ''})")
+            print0(d, memory_line(unwrap(policy), args, torch.cuda.max_memory_allocated(d.device) / 1e9))
         for k in phase_totals:
             phase_totals[k] += times[k]
         phase_totals["other"] += (time.time() - t_step) - sum(times.values())  # + writing, checkpoint

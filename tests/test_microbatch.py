@@ -372,3 +372,14 @@ def test_memory_estimate_arithmetic_by_hand():
     assert est["activations (one micro-batch)"] == pytest.approx(1000 * (3 * 64 + 1664) * 4 / 1e9)
     assert est["logits (one micro-batch)"] == pytest.approx(1000 * 1000 * 8 / 1e9)
     assert est["reference (bf16)"] == 0.0
+
+
+def test_the_first_steps_memory_line_puts_the_estimate_beside_the_measured_peak(cache_dir):
+    """(train.py prints it on a GPU; the arithmetic is the same here.)"""
+    from transformers import AutoModelForCausalLM
+    policy = AutoModelForCausalLM.from_pretrained(toy_task.sft_checkpoint(cache_dir, SFT_STEPS))
+    args = train.Args(rollout="hf")
+    est = train.memory_estimate_gb(sum(p.numel() for p in policy.parameters()), args, policy.config)["total"]
+    assert train.memory_line(policy, args, 1.234) == (f"memory per GPU after the first step: estimated {est:.2f} GB, "
+                                                      "measured 1.23 GB (torch.cuda.max_memory_allocated)")
+

@@ -266,3 +266,84 @@ def test_hf_step_prm_input_has_no_bos_inside_and_no_generation_prompt(bos_prm):
     assert ids == plain(text) and [ids[p] for p in positions] == [prm.marker_id] * 2
     assert len(tok.apply_chat_template([{"role": "user", "content": "1"}], add_generation_prompt=True)["input_ids"]) > \
         len(tok.apply_chat_template([{"role": "user", "content": "1"}])["input_ids"])  # a prompt it could have added
+
+
+# A step PRM that ships its own model class, as Qwen2.5-Math-PRM does (Qwen2ForProcessRewardModel,
+# loaded with trust_remote_code): a config class and a model class in the checkpoint folder, listed in
+# config.json's auto_map. The model returns a plain tuple (logits first), not an output object.
+CUSTOM_CONFIG = '''
+from transformers import Qwen2Config
+
+
+class ToyPRMConfig(Qwen2Config):
+    model_type = "toy_step_prm"
+'''
+CUSTOM_MODEL = '''
+import torch
+from transformers import PreTrainedModel, Qwen2Model
+
+from .configuration_toy_step_prm import ToyPRMConfig
+
+
+class ToyProcessRewardModel(PreTrainedModel):
+    config_class = ToyPRMConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = Qwen2Model(config)
+        self.score = torch.nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return (self.score(hidden),)
+'''
+
+
+@pytest.fixture(scope="module")
+def custom_code_prm(tiny_prm, tmp_path_factory):
+    import json
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    path = tmp_path_factory.mktemp("custom_prm")
+    (path / "configuration_toy_step_prm.py").write_text(CUSTOM_CONFIG)
+    (path / "modeling_toy_step_prm.py").write_text(CUSTOM_MODEL)
+    config = AutoConfig.from_pretrained(tiny_prm).to_dict()
+    config.update(model_type="toy_step_prm", architectures=["ToyProcessRewardModel"],
+                  auto_map={"AutoConfig": "configuration_toy_step_prm.ToyPRMConfig",
+                            "AutoModel": "modeling_toy_step_prm.ToyProcessRewardModel"})
+    (path / "config.json").write_text(json.dumps(config))
+    torch.manual_seed(0)
+    model = AutoModel.from_config(AutoConfig.from_pretrained(path, trust_remote_code=True), trust_remote_code=True)
+    model.save_pretrained(path)  # the weights (config.json and the code files stay as written)
+    AutoTokenizer.from_pretrained(tiny_prm).save_pretrained(path)
+    return path
+
+
+def test_hf_step_prm_loads_a_prm_with_its_own_code(custom_code_prm):
+    """The custom-class branch (AutoModel with trust_remote_code, a tuple output), at the dtype asked
+    for, frozen; its scores are softmax(logits)[1] at each marker of the plain input, by hand."""
+    from transformers import AutoModel, AutoTokenizer
+    prm = step_prm.HFStepPRM(str(custom_code_prm), dtype=torch.float64)
+    assert type(prm.model).__name__ == "ToyProcessRewardModel"
+    assert prm.separator == "\n\n" and prm.step_token == "<extra_0>" and prm.batch_size == 8  # the defaults
+    assert all(p.dtype == torch.float64 and not p.requires_grad for p in prm.model.parameters())
+    assert not prm.model.training
+    question, steps = "(7+5)*3", ["7+5=12", "12*3=36"]
+    got = prm.score([question], ["\n\n".join(steps)])[0]
+    tok = AutoTokenizer.from_pretrained(custom_code_prm)
+    model = AutoModel.from_pretrained(custom_code_prm, trust_remote_code=True, dtype=torch.float64).eval()
+    plain = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    ids = plain(question + "\n") + plain(steps[0]) + [prm.marker_id] + plain(steps[1]) + [prm.marker_id]
+    positions = [i for i, t in enumerate(ids) if t == prm.marker_id]
+    with torch.no_grad():
+        probs = model(input_ids=torch.tensor([ids]))[0].softmax(-1)[0, :, 1]
+    assert got == pytest.approx(probs[positions].tolist(), abs=1e-6)  # (score reads float32 probabilities)
+    # without trust_remote_code the folder cannot be read at all: the loader must pass it
+    from transformers import AutoConfig
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        AutoConfig.from_pretrained(custom_code_prm, trust_remote_code=False)
+
+
+def test_hf_step_prm_of_a_token_classifier_keeps_the_dtype_asked_for(tiny_prm):
+    prm = step_prm.HFStepPRM(str(tiny_prm), separator="\n", dtype=torch.float64)
+    assert all(p.dtype == torch.float64 and not p.requires_grad for p in prm.model.parameters())
