@@ -497,6 +497,9 @@ def test_bad_shapes_and_missing_step_ids_raise_naming_the_argument():
         pass_advantage(s, mask, outcome, fmt, gid[:3])
     with pytest.raises(ValueError, match="step_ids"):
         pass_advantage(s, mask, outcome, fmt, gid, **PRESETS["v1"])
+    for recipe in ("pass", "no_dl"):  # the two recipes that chunk by steps
+        with pytest.raises(ValueError, match=r"step_ids \(needed by chunking='steps'\)"):
+            pass_advantage(s, mask, outcome, fmt, gid, chunking="steps", recipe=recipe)
     with pytest.raises(ValueError, match="weights"):
         pass_advantage(s, mask, outcome, fmt, gid, weights=(1.0, 1.0))
 
