@@ -3,6 +3,13 @@
     pip install mutmut==3.8.1             # once (not in requirements.txt: CI does not run it)
     python bench/mutation.py              # mutmut run (resumes where it stopped), then the report
     python bench/mutation.py --report     # only the report, from the mutants/ folder mutmut left
+    python bench/mutation.py --recheck step_prm   # rerun each non-killed mutant's tests directly
+
+Two mutmut pitfalls seen here. A "survived" verdict stays when only the tests change: name the
+mutants (`mutmut run NAME ...`) or use --recheck to test them again. On a busy machine mutmut marks
+quick mutants "timeout", which its score counts as killed: --recheck runs each one's tests (those
+mutmut maps to its function) in mutants/ with MUTANT_UNDER_TEST set, one at a time, no time limit
+but the test's own, and prints killed / survived.
 
 mutmut rewrites each function of prime.py, pass_advantage.py, step_prm.py and eval.py in many
 one-token ways (an operator flipped, a constant changed, an argument dropped) and runs the tests that
@@ -56,11 +63,33 @@ def report(rows) -> None:
             print(f"\nsurvived in {module}.py: " + ", ".join(f"{f} x{n}" for f, n in Counter(survivors[module]).items()))
 
 
+def recheck(module: str) -> None:
+    """Every mutant of `module` that mutmut left "survived" or "timeout", its tests run directly."""
+    import json
+    import os
+    stats = json.loads(open("mutants/mutmut-stats.json").read())["tests_by_mangled_function_name"]
+    out = subprocess.run(["mutmut", "results", "--all", "true"], capture_output=True, text=True).stdout
+    names = [m[1] for m in re.finditer(r"\s*(\S+): (.+)", out)
+             if m[1].startswith(module + ".") and m[2] in ("survived", "timeout")]
+    verdicts = Counter()
+    for name in names:
+        tests = sorted(stats.get(name.rsplit("__mutmut_", 1)[0], []))
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                              cwd="mutants", env=dict(os.environ, MUTANT_UNDER_TEST=name), capture_output=True)
+        verdict = {0: "survived", 1: "killed"}.get(proc.returncode, f"error (pytest exit {proc.returncode})")
+        verdicts[verdict] += 1
+        print(f"{name}: {verdict}", flush=True)
+    print(", ".join(f"{v} {n}" for v, n in verdicts.items()) or "nothing to recheck")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--report", action="store_true", help="only report the results of earlier runs")
     parser.add_argument("--max-children", type=int, default=2, help="mutants tested at a time")
+    parser.add_argument("--recheck", choices=FILES, help="rerun this file's non-killed mutants' tests directly")
     args = parser.parse_args(argv)
+    if args.recheck:
+        return recheck(args.recheck)
     if not args.report:
         subprocess.run(["mutmut", "run", "--max-children", str(args.max_children)], check=False)
     rows = results()
