@@ -694,8 +694,9 @@ def pack_rows(ro: Rollout, start: int, stop: int, args: Args, unit: int = 1) -> 
         groups = [sum(units[i:i + per], []) for i in range(0, len(units), per)]
         return [MicroBatch(torch.tensor(g), max(response_len[r] for r in g)) for g in groups]
     budget = args.max_tokens_per_micro_batch
-    units.sort(key=lambda u: -max(prompt_len[r] + response_len[r] for r in u))
-    longest = [max(prompt_len[r] + response_len[r] for r in u) for u in units]
+    longest_of = lambda u: max(prompt_len[r] + response_len[r] for r in u)  # noqa: E731
+    units.sort(key=lambda u: -longest_of(u))
+    longest = [longest_of(u) for u in units]
     # best[i] = (micro-batches, computed tokens, end of the first run) for units i..n-1
     n = len(units)
     best = [(0, 0, n)] * (n + 1)

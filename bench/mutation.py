@@ -30,21 +30,21 @@ FILES = ("prime", "pass_advantage", "step_prm", "eval")
 EVAL_MATH = ("pass_at_k", "ks_for", "bootstrap_interval")
 
 
-def results() -> list[tuple[str, str, str]]:
-    """(module, function, status) for every mutant mutmut knows."""
+def results() -> list[tuple[str, str, str, str]]:
+    """(mutant name, module, function, status) for every mutant mutmut knows."""
     out = subprocess.run(["mutmut", "results", "--all", "true"], capture_output=True, text=True).stdout
     rows = []
     for line in out.splitlines():
-        m = re.match(r"\s*(\w+)\.(\S+)__mutmut_\d+: (.+)$", line)
+        m = re.match(r"\s*((\w+)\.(\S+)__mutmut_\d+): (.+)$", line)
         if m:
-            function = re.sub(r"^x_|^xǁ", "", m[2]).replace("ǁ", ".")
-            rows.append((m[1], function, m[3].strip()))
+            function = re.sub(r"^x_|^xǁ", "", m[3]).replace("ǁ", ".")
+            rows.append((m[1], m[2], function, m[4].strip()))
     return rows
 
 
 def report(rows) -> None:
     per_file, survivors = defaultdict(Counter), defaultdict(list)
-    for module, function, status in rows:
+    for _, module, function, status in rows:
         if module == "eval" and function not in EVAL_MATH:
             continue
         per_file[module][status] += 1
@@ -68,9 +68,7 @@ def recheck(module: str) -> None:
     import json
     import os
     stats = json.loads(open("mutants/mutmut-stats.json").read())["tests_by_mangled_function_name"]
-    out = subprocess.run(["mutmut", "results", "--all", "true"], capture_output=True, text=True).stdout
-    names = [m[1] for m in re.finditer(r"\s*(\S+): (.+)", out)
-             if m[1].startswith(module + ".") and m[2] in ("survived", "timeout")]
+    names = [name for name, mod, _, status in results() if mod == module and status in ("survived", "timeout")]
     verdicts = Counter()
     for name in names:
         tests = sorted(stats.get(name.rsplit("__mutmut_", 1)[0], []))
