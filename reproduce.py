@@ -70,13 +70,16 @@ COMPARISONS = {
 # The dial: chain length and the SFT demonstrator's slip rate. Longer chains and more slips make a
 # correct answer rarer (sparser outcomes: fewer prompt groups with both right and wrong responses).
 # Each setting has its own SFT checkpoint, trained to convergence like the default's.
+# The sparse settings' first runs were made before --loss-mean global became the default, with the
+# official mean of micro-batch means; their later runs keep that loss, so that all arms compare.
+MICRO = ["--loss-mean", "micro"]
 SETTINGS = {
     "short": ["--toy-ops", "2-4"],                         # slip 0.15: most groups mixed or all right
     "default": [],                                          # 3-6 operations, slip 0.15: the README's run
-    "sparse": ["--toy-ops", "6-8", "--toy-slip", "0.25"],   # the first trials' sparse setting (weaker SFT then)
+    "sparse": ["--toy-ops", "6-8", "--toy-slip", "0.25", *MICRO],   # the first trials' sparse setting
     # With the SFT trained to convergence, 6-8 operations at slip 0.25 still start at ~0.11 sampled
     # accuracy with ~17 of 32 groups mixed: not sparse. Longer chains, more slips, more tokens:
-    "sparser": ["--toy-ops", "8-10", "--toy-slip", "0.3", "--max-response-len", "128"],
+    "sparser": ["--toy-ops", "8-10", "--toy-slip", "0.3", "--max-response-len", "128", *MICRO],
 }
 NO_FILTER = ["--filter-low", "0", "--filter-high", "1"]  # all-wrong groups stay: they can carry a process signal
 MIXED = [*NO_FILTER, "--prm-groups", "mixed"]  # ...but the implicit PRM learns from the mixed groups only
@@ -107,6 +110,8 @@ CREDIT_ARMS = {
                            baseline="outcome-nf-lr1e-4", checker="step-nf-lr1e-4"),
     "implicit-nf-mixed-lr1e-4": dict(flags=[*MIXED, "--policy-lr", "1e-4"], baseline="outcome-nf-lr1e-4",
                                      checker="step-nf-lr1e-4"),
+    # The first trials' greedy collapse: outcome-only with PRIME's filter (few groups kept) at lr 1e-4.
+    "outcome-lr1e-4": dict(flags=["--process", "none", "--policy-lr", "1e-4"], baseline="outcome", checker="step"),
 }
 CREDIT_LABELS = {
     "outcome": "outcome-only RLOO", "step": "RLOO + exact step checker", "implicit": "PRIME (RLOO + implicit PRM)",
@@ -118,6 +123,7 @@ CREDIT_LABELS = {
     "step-nf-pass": "PASS + step checker, no filter",
     "outcome-nf-lr1e-4": "outcome-only RLOO, no filter, lr 1e-4", "step-nf-lr1e-4": "step checker, no filter, lr 1e-4",
     "implicit-nf-mixed-lr1e-4": "PRIME, no filter, PRM on mixed, lr 1e-4",
+    "outcome-lr1e-4": "outcome-only RLOO, lr 1e-4",
 }
 # What `python reproduce.py credit` runs in each setting (3 seeds each); the rest of CREDIT_ARMS are
 # there to be run with --arms. The dense settings get the three process sources with PRIME's filter;
@@ -126,7 +132,9 @@ CREDIT = {
     "short": ["outcome", "step", "implicit"],
     "default": ["outcome", "step", "implicit"],
     "sparse": list(CREDIT_ARMS),
-    "sparser": ["outcome-nf", "step-nf", "implicit-nf-mixed", "outcome", "step", "implicit", "implicit-nf"],
+    "sparser": ["outcome-nf", "step-nf", "implicit-nf-mixed", "implicit-nf-mixed-warm", "implicit-nf-mixed-prmlr",
+                "implicit-nf-mixed-k8", "outcome", "outcome-lr1e-4", "implicit", "step", "implicit-nf",
+                "outcome-nf-lr1e-4", "step-nf-lr1e-4"],
 }
 
 
