@@ -1,7 +1,7 @@
 """Micro-batches: fixed row counts or a token budget (--max-tokens-per-micro-batch), trimmed of
 padding, and a loss that does not depend on the split (--loss-mean global) in one process and under
 DDP. Gradients are read off a real optimizer step: SGD with lr 1 moves each parameter by minus its
-gradient, checked in float64 against autograd of the whole batch in one forward."""
+gradient, checked in float64 (and float32, the CPU training dtype) against autograd of the whole batch in one forward."""
 
 import os
 import subprocess
@@ -159,17 +159,18 @@ def toy_batch(cache_dir):
     return dict(path=path, ro=ro, mask=mask, logp_old=logp_old, adv=adv, outcome=outcome, temperature=0.7)
 
 
-def policy_step(b, **flags):
-    """One train.run_update of the float64 policy with these flags: (parameter change, logged losses)."""
+def policy_step(b, dtype=torch.float64, **flags):
+    """One train.run_update of the policy (in `dtype`) with these flags: (parameter change, logged losses)."""
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(b["path"], dtype=torch.float64)
+    model = AutoModelForCausalLM.from_pretrained(b["path"], dtype=dtype)
     start = [p.detach().clone() for p in model.parameters()]
     args = train.Args(**flags)
-    ro, mask = b["ro"], b["mask"]
+    ro, mask = b["ro"], b["mask"].to(dtype)
+    logp_old, adv = b["logp_old"].to(dtype), b["adv"].to(dtype)
 
     def loss_fn(mb):
         logp = train.response_logprobs(model, mb.rollout(ro), b["temperature"])
-        return prime.ppo_clip_loss(logp, mb.of(b["logp_old"]), mb.of(b["adv"]), mb.of(mask), 0.2)
+        return prime.ppo_clip_loss(logp, mb.of(logp_old), mb.of(adv), mb.of(mask), 0.2)
 
     losses = train.run_update(model, torch.optim.SGD(model.parameters(), lr=1.0), loss_fn,
                               lambda mb: float(mb.of(mask).sum()), train.plan_update(ro, len(ro), args, train.Dist()),
@@ -200,6 +201,17 @@ def test_policy_gradient_and_loss_do_not_depend_on_the_split(toy_batch, flags):
     delta, losses = policy_step(toy_batch, **flags)
     assert_same(delta, expected)
     assert losses == pytest.approx([expected_loss], rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("flags", [dict(micro_batch_size=3), dict(max_tokens_per_micro_batch=200)])
+def test_float32_policy_gradient_of_a_split_batch_matches_the_float64_whole_batch(toy_batch, flags):
+    """The dtype training runs in on CPU (float32; the in-place logits bug was float32-only): split
+    into micro-batches at T = 0.7, its gradient is the float64 whole-batch gradient up to float32 round-off."""
+    expected, expected_loss = whole_batch_gradient(toy_batch)
+    delta, losses = policy_step(toy_batch, dtype=torch.float32, **flags)
+    assert all(d.dtype == torch.float32 for d in delta)
+    assert_same([d.double() for d in delta], expected, tol=1e-4)
+    assert losses == pytest.approx([expected_loss], rel=1e-5, abs=1e-7)
 
 
 def test_two_optimizer_steps_split_the_rows_the_same_way_whatever_the_micro_batches(toy_batch):
