@@ -185,11 +185,13 @@ def credit_report(setting: str, arms: list[str], runs: dict, window: int) -> tup
                       "reward_last": [float(np.mean(c[-window:])) for c in series(rs, "reward")],
                       "mixed_groups": [float(np.nanmean(c)) for c in series(rs, "mixed_groups")],
                       "prm_accuracy_last": [_nanmean(c[-window:]) for c in series(rs, "prm_accuracy")],
-                      "localization_last": [_nanmean(c[-window:]) for c in series(rs, "prm_localization")]}
+                      "localization_last": [_nanmean(c[-window:]) for c in series(rs, "prm_localization")],
+                      "kept_groups": [float(np.nanmean(c)) for c in series(rs, "kept_groups")],
+                      "weight_change": [run_weight_change(r) for r in rs]}
     lines = [f"| arm | seeds | held-out sampled, start -> end | greedy, start -> end | training reward, last {window} | "
-             f"mixed groups / step | PRM acc. / localisation, last {window} | steps to reach the baseline's final "
-             "reward | gain over outcome-only (seeds apart?) | share of the checker's gain |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"mixed / kept groups a step | PRM acc. / localisation, last {window} | steps to reach the baseline's final "
+             "reward | gain over outcome-only (seeds apart?) | share of the checker's gain | RMS weight change (x 1e-3) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for arm in arms:
         st, spec = stats[arm], CREDIT_ARMS[arm]
         base, check = stats.get(spec["baseline"]), stats.get(spec["checker"])
@@ -206,8 +208,9 @@ def credit_report(setting: str, arms: list[str], runs: dict, window: int) -> tup
                 share = "no gap" if closed is None else f"{closed:.2f}"
         lines.append(f"| {CREDIT_LABELS[arm]} | {len(st['seeds'])} | {np.mean(st['start_sampled']):.3f} -> "
                      f"{fmt(st['end_sampled'])} | {np.mean(st['start_greedy']):.2f} -> {fmt(st['end_greedy'], 2)} | "
-                     f"{fmt(st['reward_last'])} | {fmt(st['mixed_groups'], 1)} | {fmt(st['prm_accuracy_last'], 2)} / "
-                     f"{fmt(st['localization_last'], 2)} | {reach} | {gain} | {share} |")
+                     f"{fmt(st['reward_last'])} | {np.mean(st['mixed_groups']):.1f} / {np.mean(st['kept_groups']):.1f} | "
+                     f"{fmt(st['prm_accuracy_last'], 2)} / {fmt(st['localization_last'], 2)} | {reach} | {gain} | {share} | "
+                     f"{fmt([1e3 * w for w in st['weight_change']], 2)} |")
     return "\n".join(lines), stats
 
 
@@ -309,7 +312,28 @@ def run_arm(arm: str, seed: int, args, threads: int, flags: list[str] | None = N
 def load(run_dir: Path) -> dict:
     metrics = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
     return {"metrics": metrics, "summary": json.loads((run_dir / "summary.json").read_text()),
-            "config": json.loads((run_dir / "config.json").read_text())}
+            "config": json.loads((run_dir / "config.json").read_text()), "dir": run_dir}
+
+
+def weight_change(start: Path, end: Path) -> float:
+    """RMS over every parameter of (end - start), two saved models (model.safetensors). Adam moves
+    each weight by about lr a step in the direction of its gradient's sign, however small or noisy
+    the gradient is; so after n steps a steady direction gives ~n x lr and a random one ~sqrt(n) x lr.
+    The study reads it beside the rewards: how far a run moved, whatever its signal was."""
+    from safetensors.torch import load_file
+    a, b = load_file(str(Path(start) / "model.safetensors")), load_file(str(Path(end) / "model.safetensors"))
+    common = sorted(set(a) & set(b))
+    if not common:
+        raise ValueError(f"weight_change: {start} and {end} share no parameter names")
+    sq = sum(float(((b[k].double() - a[k].double()) ** 2).sum()) for k in common)
+    return (sq / sum(a[k].numel() for k in common)) ** 0.5
+
+
+def run_weight_change(run: dict) -> float:
+    """weight_change from a finished run's starting model (its config's model_path, relative to the
+    folder it ran in, which is this repository for reproduce's runs) to its final/ weights."""
+    start = Path(run["config"]["model_path"])
+    return weight_change(start if start.is_absolute() else REPO / start, Path(run["dir"]) / "final")
 
 
 def series(runs: list[dict], key: str) -> np.ndarray:

@@ -56,11 +56,39 @@ def test_credit_arithmetic_by_hand():
     assert reproduce.gap_closed(0.5, 0.5, 0.7) is None and reproduce.gap_closed(0.5, 0.4, 0.7) is None
 
 
-def fake_run(seed, rewards, end_sampled, start_sampled=0.1):
-    metrics = [{"reward": r, "mixed_groups": 4, "prm_accuracy": None, "prm_localization": None} for r in rewards]
-    return {"metrics": metrics, "config": {"seed": seed},
-            "summary": {"start_sampled_accuracy": start_sampled, "end_sampled_accuracy": end_sampled,
-                        "start_accuracy": 0.5, "end_accuracy": 0.5}}
+def save_weights(folder, **tensors):
+    from safetensors.torch import save_file
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+def fake_run(seed, rewards, end_sampled, start_sampled=0.1, folder=None, step=0.0):
+    """A finished run's loaded record; with a folder, real start and final/ weights `step` apart."""
+    import torch
+    metrics = [{"reward": r, "mixed_groups": 4, "kept_groups": 6, "prm_accuracy": None, "prm_localization": None}
+               for r in rewards]
+    run = {"metrics": metrics, "config": {"seed": seed},
+           "summary": {"start_sampled_accuracy": start_sampled, "end_sampled_accuracy": end_sampled,
+                       "start_accuracy": 0.5, "end_accuracy": 0.5}}
+    if folder is not None:
+        start = save_weights(folder / f"start-{seed}", w=torch.zeros(2, 2))
+        save_weights(folder / f"run-{seed}" / "final", w=torch.full((2, 2), step))
+        run.update(dir=folder / f"run-{seed}", config={"seed": seed, "model_path": str(start)})
+    return run
+
+
+def test_weight_change_is_the_rms_of_the_difference_by_hand(tmp_path):
+    import torch
+    a = save_weights(tmp_path / "a", w=torch.tensor([[1.0, 2.0], [3.0, 4.0]]), b=torch.tensor([0.0, 0.0]))
+    b = save_weights(tmp_path / "b", w=torch.tensor([[1.0, 2.0], [3.0, 7.0]]), b=torch.tensor([4.0, 0.0]),
+                     extra=torch.ones(5))  # only the parameters both hold are compared
+    # differences 0, 0, 0, 3, 4, 0 over 6 parameters: sqrt((9 + 16) / 6)
+    assert reproduce.weight_change(a, b) == pytest.approx((25 / 6) ** 0.5)
+    assert reproduce.weight_change(a, a) == 0.0
+    c = save_weights(tmp_path / "c", other=torch.ones(1))
+    with pytest.raises(ValueError, match="share no parameter"):
+        reproduce.weight_change(a, c)
 
 
 def test_steps_to_reach_uses_full_windows_only():
@@ -70,10 +98,11 @@ def test_steps_to_reach_uses_full_windows_only():
     assert reproduce.steps_to_reach([run], 0.71, 2) == [None]
 
 
-def test_credit_report_reads_gains_against_the_arms_own_baseline_and_checker():
-    runs = {"outcome-nf": [fake_run(s, [0.1] * 4, e) for s, e in ((1, 0.10), (2, 0.12))],
-            "step-nf": [fake_run(s, [0.1, 0.2, 0.3, 0.4], e) for s, e in ((1, 0.30), (2, 0.34))],
-            "implicit-nf-mixed": [fake_run(s, [0.1, 0.1, 0.1, 0.2], e) for s, e in ((1, 0.11), (2, 0.31))]}
+def test_credit_report_reads_gains_against_the_arms_own_baseline_and_checker(tmp_path):
+    runs = {"outcome-nf": [fake_run(s, [0.1] * 4, e, folder=tmp_path / "o", step=0.001) for s, e in ((1, 0.10), (2, 0.12))],
+            "step-nf": [fake_run(s, [0.1, 0.2, 0.3, 0.4], e, folder=tmp_path / "s", step=0.003 * s)
+                        for s, e in ((1, 0.30), (2, 0.34))],
+            "implicit-nf-mixed": [fake_run(s, [0.1, 0.1, 0.1, 0.2], e, folder=tmp_path / "i") for s, e in ((1, 0.11), (2, 0.31))]}
     text, stats = reproduce.credit_report("sparse", list(runs), runs, window=2)
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()[2:]}
     step = rows[reproduce.CREDIT_LABELS["step-nf"]]
@@ -83,6 +112,9 @@ def test_credit_report_reads_gains_against_the_arms_own_baseline_and_checker():
     # gain 0.21 - 0.11 = +0.100, seeds overlap (0.11 < 0.12); share of the checker's gain 0.10 / 0.21 = 0.48
     assert "+0.100 (no)" in implicit and "| 0.48 |" in implicit
     assert stats["step-nf"]["end_sampled"] == [0.30, 0.34]
+    # each weight moved 0.003 and 0.006: RMS 3e-3 and 6e-3, shown x 1e3 as mean [min, max]; 4 mixed / 6 kept
+    assert stats["step-nf"]["weight_change"] == pytest.approx([0.003, 0.006])
+    assert step.endswith("| 4.50 [3.00, 6.00] |") and "| 4.0 / 6.0 |" in step
 
 
 def test_credit_arms_are_complete_and_shared_runs_keep_their_names():
