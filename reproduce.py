@@ -98,6 +98,10 @@ CREDIT_ARMS = {
     "implicit-nf-mixed-prmlr": dict(flags=[*MIXED, "--prm-lr", "1e-3"], baseline="outcome-nf", checker="step-nf"),
     "implicit-nf-mixed-k8": dict(flags=[*MIXED, "--n-samples", "8", "--prompts-per-step", "16"],
                                  baseline="outcome-nf", checker="step-nf"),
+    # The batch normaliser (the largest |return-to-go| in the batch) is set by the one most extreme
+    # response; in the sparse settings it is ~15x a typical response's own, which squashes the
+    # implicit rewards. --process-norm beta feeds the raw beta x log-ratio instead (paper Eq. 3).
+    "implicit-nf-mixed-raw": dict(flags=[*MIXED, "--process-norm", "beta"], baseline="outcome-nf", checker="step-nf"),
     "step-nf-gamma": dict(flags=["--process", "step", *NO_FILTER, "--gamma", "0.9"], baseline="outcome-nf",
                           checker="step-nf"),
     "step-nf-grpo": dict(flags=["--process", "step", "--estimator", "grpo", *NO_FILTER], baseline="outcome-nf",
@@ -118,7 +122,7 @@ CREDIT_LABELS = {
     "outcome-nf": "outcome-only RLOO, no filter", "step-nf": "RLOO + step checker, no filter",
     "implicit-nf": "PRIME, no filter", "implicit-nf-mixed": "PRIME, no filter, PRM on mixed groups",
     "implicit-nf-mixed-warm": "... + PRM warmed up offline (20 batches)",
-    "implicit-nf-mixed-prmlr": "... + PRM lr 1e-3", "implicit-nf-mixed-k8": "... + 8 samples x 16 prompts",
+    "implicit-nf-mixed-prmlr": "... + PRM lr 1e-3", "implicit-nf-mixed-raw": "... + raw rewards (--process-norm beta)", "implicit-nf-mixed-k8": "... + 8 samples x 16 prompts",
     "step-nf-gamma": "RLOO + step checker, no filter, gamma 0.9", "step-nf-grpo": "GRPO + step checker, no filter",
     "step-nf-pass": "PASS + step checker, no filter",
     "outcome-nf-lr1e-4": "outcome-only RLOO, no filter, lr 1e-4", "step-nf-lr1e-4": "step checker, no filter, lr 1e-4",
@@ -133,7 +137,7 @@ CREDIT = {
     "default": ["outcome", "step", "implicit"],
     "sparse": list(CREDIT_ARMS),
     "sparser": ["outcome-nf", "step-nf", "implicit-nf-mixed", "implicit-nf-mixed-warm", "implicit-nf-mixed-prmlr",
-                "implicit-nf-mixed-k8", "outcome", "outcome-lr1e-4", "implicit", "step", "implicit-nf",
+                "implicit-nf-mixed-k8", "implicit-nf-mixed-raw", "outcome", "outcome-lr1e-4", "implicit", "step", "implicit-nf",
                 "outcome-nf-lr1e-4", "step-nf-lr1e-4"],
 }
 
