@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+import toy_task
+
 REPO = Path(__file__).resolve().parent
 
 # Each arm: train.py flags on top of the defaults (which are PRIME's: RLOO + online implicit PRM).
@@ -216,6 +218,67 @@ def credit_report(setting: str, arms: list[str], runs: dict, window: int) -> tup
                      f"{fmt(st['prm_accuracy_last'], 2)} / {fmt(st['localization_last'], 2)} | {reach} | {gain} | {share} | "
                      f"{fmt([1e3 * w for w in st['weight_change']], 2)} |")
     return "\n".join(lines), stats
+
+
+def slipped_lines(response: str) -> list[bool]:
+    """Per line of a toy-task response: a slip, i.e. a line `a op b = c` whose c is not a op b (the
+    demonstrator's kind of error); any other line (the box, text that does not parse) is not."""
+    out = []
+    for line in response.split("\n"):
+        m = toy_task.STEP.fullmatch(line.strip())
+        out.append(bool(m) and int(m[4]) != toy_task.apply(m[2], int(m[1]), int(m[3])))
+    return out
+
+
+def blame_stats(episodes: list[dict], after_step: int) -> dict:
+    """Where a PRM's process reward blames the wrong responses that episodes.jsonl keeps after
+    `after_step`: the line (step_ids) with the most negative summed reward, against the slipped lines.
+    Returns the counts and shares: `first` (that line is the first slip, what prm_localization
+    counts), `any` (it is one of the slips), slips per response, and `normaliser`: the median over
+    responses of raw / received reward on their tokens with |raw| > 0.3, which under
+    --process-norm batch is the batch's largest |return-to-go|, set against `own`, the median of a
+    response's own largest |return-to-go| of the raw reward."""
+    n = first = anywhere = slips = 0
+    ratios, own = [], []
+    for e in episodes:
+        if e["step"] <= after_step or e["outcome"] >= 1:
+            continue
+        bad = slipped_lines(e["response"])
+        if not any(bad) or max(e["step_ids"]) + 1 != len(bad):
+            continue
+        sums = [0.0] * len(bad)
+        for k, r in zip(e["step_ids"], e["process_reward"]):
+            sums[k] += r
+        worst = min(range(len(bad)), key=lambda k: sums[k])
+        n, slips = n + 1, slips + sum(bad)
+        first += worst == bad.index(True)
+        anywhere += bad[worst]
+        raw, got = np.array(e["reward"], dtype=float), np.array(e["process_reward"], dtype=float)
+        big = (np.abs(raw) > 0.3) & (got != 0)
+        if big.any():
+            ratios.append(float(np.median(raw[big] / got[big])))
+        own.append(float(np.abs(np.cumsum(raw[::-1])).max()))
+    share = (lambda k: k / n) if n else (lambda k: float("nan"))
+    return {"responses": n, "slips_per_response": share(slips), "first": share(first), "any": share(anywhere),
+            "normaliser": float(np.median(ratios)) if ratios else float("nan"),
+            "own": float(np.median(own)) if own else float("nan")}
+
+
+def blame_report(arms: list[str], runs: dict, after_step: int = 60) -> str:
+    """The Markdown table of blame_stats for the seeds' kept wrong responses, per arm with a PRM."""
+    lines = [f"| arm | wrong responses read (steps > {after_step}) | slips per response | most negative line: the first "
+             "slip / any slip | batch normaliser / a response's own largest return-to-go |", "| --- | --- | --- | --- | --- |"]
+    for arm in arms:
+        episodes = [json.loads(l) for r in runs[arm] if (Path(r["dir"]) / "episodes.jsonl").exists()
+                    for l in (Path(r["dir"]) / "episodes.jsonl").read_text().splitlines() if l.strip()]
+        if runs[arm][0]["config"].get("process") == "none" or not episodes:
+            continue
+        b = blame_stats(episodes, after_step)
+        norm = (f"{b['normaliser']:.1f} / {b['own']:.1f}" if runs[arm][0]["config"].get("process") == "implicit"
+                and runs[arm][0]["config"].get("process_norm") == "batch" else "n/a")
+        lines.append(f"| {CREDIT_LABELS[arm]} | {b['responses']} | {b['slips_per_response']:.2f} | "
+                     f"{b['first']:.2f} / {b['any']:.2f} | {norm} |")
+    return "\n".join(lines)
 
 
 def credit_plot(setting: str, arms: list[str], runs: dict, figures: Path, window: int) -> Path:
@@ -522,6 +585,8 @@ def credit_main(args) -> None:
         plot_path = credit_plot(setting, arms, runs, figures, args.window)
         print(f"\n## credit: {setting} ({' '.join(SETTINGS[setting]) or 'the default task'}; {plot_path})\n")
         print(text)
+        print(f"\nWhere the process reward blames the wrong responses ({setting}):\n")
+        print(blame_report(arms, runs))
         results[setting] = {**old.get(setting, {}), **stats}  # arms of other calls stay
     merge_json(figures / "credit.json", results)
 

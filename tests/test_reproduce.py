@@ -127,3 +127,29 @@ def test_credit_arms_are_complete_and_shared_runs_keep_their_names():
     assert reproduce.credit_run_name("sparse", "outcome") == "credit-sparse-outcome"
     for setting, arm, flags in reproduce.credit_runs(list(reproduce.SETTINGS), None):
         reproduce.train_config(flags)  # every study run's flags parse and pass train.check_args
+
+
+def test_slipped_lines_are_the_lines_whose_arithmetic_is_wrong():
+    assert reproduce.slipped_lines("7+5=12\n12*3=35\n35-4=31\n\\boxed{31}") == [False, True, False, False]
+    assert reproduce.slipped_lines("7+5=13\nnonsense\n\\boxed{9}") == [True, False, False]
+
+
+def test_blame_stats_by_hand():
+    # wrong, two slips (lines 1 and 2), most negative line 2: a slip, not the first one.
+    # raw rewards on the tokens with |raw| > 0.3 are 10x what the estimator received: normaliser 10.
+    a = {"step": 5, "outcome": 0.0, "response": "7+5=12\n12*3=35\n35-4=30\n\\boxed{30}",
+         "step_ids": [0, 0, 1, 1, 2, 2, 3], "process_reward": [0.0, 0.01, -0.05, 0.0, -0.08, 0.0, 0.02],
+         "reward": [0.0, 0.1, -0.5, 0.0, -0.8, 0.0, 0.2]}
+    # wrong, one slip (line 0) that gets the most negative reward: first and any
+    b = {"step": 6, "outcome": 0.0, "response": "7+5=13\n13*3=39\n\\boxed{39}",
+         "step_ids": [0, 1, 2], "process_reward": [-0.2, 0.0, 0.1], "reward": [-1.0, 0.0, 0.5]}
+    right = {**b, "outcome": 1.0}                      # right responses are not read
+    early = {**b, "step": 1}                           # nor steps up to after_step
+    clean = {**b, "response": "7+5=12\n12*3=36\n\\boxed{37}"}  # nor wrong ones with no slip
+    got = reproduce.blame_stats([a, b, right, early, clean], after_step=2)
+    assert got["responses"] == 2 and got["slips_per_response"] == 1.5
+    assert got["first"] == 0.5 and got["any"] == 1.0
+    assert got["normaliser"] == pytest.approx(7.5)     # median of 10 (a) and 5 (b)
+    # largest |return-to-go| of the raw reward: a: |-0.5 - 0.8 + 0.2| = 1.1 (from t = 2); b: 0.5 (t = 0 and t = 2)
+    assert got["own"] == pytest.approx(0.8)
+    assert np.isnan(reproduce.blame_stats([right], after_step=0)["first"])
