@@ -237,18 +237,24 @@ def blame_stats(episodes: list[dict], after_step: int) -> dict:
     counts), `any` (it is one of the slips), slips per response, and `normaliser`: the median over
     responses of raw / received reward on their tokens with |raw| > 0.3, which under
     --process-norm batch is the batch's largest |return-to-go|, set against `own`, the median of a
-    response's own largest |return-to-go| of the raw reward."""
+    response's own largest |return-to-go| of the raw reward. And the raw reward summed per line
+    (r_phi before any normalisation): `slip_reward` (mean over slipped lines), `clean_reward` and
+    `clean_sd` (the other lines but the last, the box), and `separation` = (clean - slip) / clean_sd,
+    how many noise widths a slip stands out by."""
     n = first = anywhere = slips = 0
-    ratios, own = [], []
+    ratios, own, slip_lines, clean_lines = [], [], [], []
     for e in episodes:
         if e["step"] <= after_step or e["outcome"] >= 1:
             continue
         bad = slipped_lines(e["response"])
         if not any(bad) or max(e["step_ids"]) + 1 != len(bad):
             continue
-        sums = [0.0] * len(bad)
-        for k, r in zip(e["step_ids"], e["process_reward"]):
+        sums, raw_sums = [0.0] * len(bad), [0.0] * len(bad)
+        for k, r, raw_r in zip(e["step_ids"], e["process_reward"], e["reward"]):
             sums[k] += r
+            raw_sums[k] += raw_r
+        for k in range(len(bad) - 1):
+            (slip_lines if bad[k] else clean_lines).append(raw_sums[k])
         worst = min(range(len(bad)), key=lambda k: sums[k])
         n, slips = n + 1, slips + sum(bad)
         first += worst == bad.index(True)
@@ -259,25 +265,33 @@ def blame_stats(episodes: list[dict], after_step: int) -> dict:
             ratios.append(float(np.median(raw[big] / got[big])))
         own.append(float(np.abs(np.cumsum(raw[::-1])).max()))
     share = (lambda k: k / n) if n else (lambda k: float("nan"))
+    mean = (lambda x: float(np.mean(x)) if x else float("nan"))
+    clean_sd = float(np.std(clean_lines)) if len(clean_lines) > 1 else float("nan")
+    separation = (mean(clean_lines) - mean(slip_lines)) / clean_sd if clean_sd > 0 else float("nan")
     return {"responses": n, "slips_per_response": share(slips), "first": share(first), "any": share(anywhere),
             "normaliser": float(np.median(ratios)) if ratios else float("nan"),
-            "own": float(np.median(own)) if own else float("nan")}
+            "own": float(np.median(own)) if own else float("nan"), "slip_reward": mean(slip_lines),
+            "clean_reward": mean(clean_lines), "clean_sd": clean_sd, "separation": separation}
 
 
 def blame_report(arms: list[str], runs: dict, after_step: int = 60) -> str:
     """The Markdown table of blame_stats for the seeds' kept wrong responses, per arm with a PRM."""
     lines = [f"| arm | wrong responses read (steps > {after_step}) | slips per response | most negative line: the first "
-             "slip / any slip | batch normaliser / a response's own largest return-to-go |", "| --- | --- | --- | --- | --- |"]
+             "slip / any slip | batch normaliser / a response's own largest return-to-go | raw reward of a line: "
+             "slipped / clean (sd) | separation (clean - slip) / sd |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for arm in arms:
         episodes = [json.loads(l) for r in runs[arm] if (Path(r["dir"]) / "episodes.jsonl").exists()
                     for l in (Path(r["dir"]) / "episodes.jsonl").read_text().splitlines() if l.strip()]
         if runs[arm][0]["config"].get("process") == "none" or not episodes:
             continue
         b = blame_stats(episodes, after_step)
-        norm = (f"{b['normaliser']:.1f} / {b['own']:.1f}" if runs[arm][0]["config"].get("process") == "implicit"
-                and runs[arm][0]["config"].get("process_norm") == "batch" else "n/a")
+        implicit = runs[arm][0]["config"].get("process") == "implicit"
+        norm = (f"{b['normaliser']:.1f} / {b['own']:.1f}"
+                if implicit and runs[arm][0]["config"].get("process_norm") == "batch" else "n/a")
+        raw = (f"{b['slip_reward']:+.2f} / {b['clean_reward']:+.2f} ({b['clean_sd']:.2f}) | {b['separation']:.1f}"
+               if implicit else "n/a | n/a")
         lines.append(f"| {CREDIT_LABELS[arm]} | {b['responses']} | {b['slips_per_response']:.2f} | "
-                     f"{b['first']:.2f} / {b['any']:.2f} | {norm} |")
+                     f"{b['first']:.2f} / {b['any']:.2f} | {norm} | {raw} |")
     return "\n".join(lines)
 
 

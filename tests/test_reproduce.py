@@ -152,4 +152,8 @@ def test_blame_stats_by_hand():
     assert got["normaliser"] == pytest.approx(7.5)     # median of 10 (a) and 5 (b)
     # largest |return-to-go| of the raw reward: a: |-0.5 - 0.8 + 0.2| = 1.1 (from t = 2); b: 0.5 (t = 0 and t = 2)
     assert got["own"] == pytest.approx(0.8)
+    # raw line sums: a: 0.1 (clean), -0.5 and -0.8 (slips), the box not counted; b: -1.0 (slip), 0.0 (clean)
+    assert got["slip_reward"] == pytest.approx(-2.3 / 3) and got["clean_reward"] == pytest.approx(0.05)
+    assert got["clean_sd"] == pytest.approx(0.05)
+    assert got["separation"] == pytest.approx((0.05 + 2.3 / 3) / 0.05)
     assert np.isnan(reproduce.blame_stats([right], after_step=0)["first"])
