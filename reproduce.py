@@ -178,6 +178,13 @@ def steps_to_reach(runs: list[dict], level: float, window: int) -> list[int | No
     return out
 
 
+def same_seeds(stats: dict, seeds: list[int]) -> list[float]:
+    """An arm's end-of-run held-out sampled accuracies for these seeds, or all of them when it has
+    none of these seeds: an arm run with fewer seeds is compared seed for seed."""
+    picked = [v for s, v in zip(stats["seeds"], stats["end_sampled"]) if s in seeds]
+    return picked or stats["end_sampled"]
+
+
 def credit_report(setting: str, arms: list[str], runs: dict, window: int) -> tuple[str, dict]:
     """The Markdown table of one dial setting and its numbers (mean [min, max] over seeds)."""
     stats = {}
@@ -196,21 +203,24 @@ def credit_report(setting: str, arms: list[str], runs: dict, window: int) -> tup
                       "weight_change": [run_weight_change(r) for r in rs]}
     lines = [f"| arm | seeds | held-out sampled, start -> end | greedy, start -> end | training reward, last {window} | "
              f"mixed / kept groups a step | PRM acc. / localisation, last {window} | steps to reach the baseline's final "
-             "reward | gain over outcome-only (seeds apart?) | share of the checker's gain | RMS weight change (x 1e-3) |",
+             "reward | gain over outcome-only, same seeds (seeds apart?) | share of the checker's gain | RMS weight change (x 1e-3) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for arm in arms:
         st, spec = stats[arm], CREDIT_ARMS[arm]
         base, check = stats.get(spec["baseline"]), stats.get(spec["checker"])
         gain = share = reach = "n/a"
         if base is not None and arm != spec["baseline"]:
-            diff = np.mean(st["end_sampled"]) - np.mean(base["end_sampled"])
-            apart = ("yes" if seeds_apart(st["end_sampled"], base["end_sampled"]) else
-                     "yes, below" if seeds_apart(base["end_sampled"], st["end_sampled"]) else "no")
+            # against the baseline's runs of the same seeds (same RL prompts and start) where it has them
+            b_end = same_seeds(base, st["seeds"])
+            diff = np.mean(st["end_sampled"]) - np.mean(b_end)
+            apart = ("yes" if seeds_apart(st["end_sampled"], b_end) else
+                     "yes, below" if seeds_apart(b_end, st["end_sampled"]) else "no")
             gain = f"{diff:+.3f} ({apart})"
-            level = float(np.mean(moving_average(series(runs[spec["baseline"]], "reward"), window)[:, -1]))
+            b_runs = [r for r in runs[spec["baseline"]] if r["config"]["seed"] in st["seeds"]] or runs[spec["baseline"]]
+            level = float(np.mean(moving_average(series(b_runs, "reward"), window)[:, -1]))
             reach = ", ".join(str(x) if x else "never" for x in steps_to_reach(runs[arm], level, window))
             if check is not None and arm != spec["checker"]:
-                closed = gap_closed(np.mean(base["end_sampled"]), np.mean(check["end_sampled"]), np.mean(st["end_sampled"]))
+                closed = gap_closed(np.mean(b_end), np.mean(same_seeds(check, st["seeds"])), np.mean(st["end_sampled"]))
                 share = "no gap" if closed is None else f"{closed:.2f}"
         lines.append(f"| {CREDIT_LABELS[arm]} | {len(st['seeds'])} | {np.mean(st['start_sampled']):.3f} -> "
                      f"{fmt(st['end_sampled'])} | {np.mean(st['start_greedy']):.2f} -> {fmt(st['end_greedy'], 2)} | "

@@ -157,3 +157,17 @@ def test_blame_stats_by_hand():
     assert got["clean_sd"] == pytest.approx(0.05)
     assert got["separation"] == pytest.approx((0.05 + 2.3 / 3) / 0.05)
     assert np.isnan(reproduce.blame_stats([right], after_step=0)["first"])
+
+
+def test_an_arm_with_fewer_seeds_is_compared_seed_for_seed(tmp_path):
+    runs = {"outcome-nf": [fake_run(s, [0.1] * 4, e, folder=tmp_path / "o") for s, e in ((1, 0.10), (2, 0.20), (3, 0.30))],
+            "step-nf": [fake_run(s, [0.1] * 4, e, folder=tmp_path / "s") for s, e in ((1, 0.20), (2, 0.30), (3, 0.40))],
+            "implicit-nf-mixed": [fake_run(1, [0.1] * 4, 0.15, folder=tmp_path / "i")]}
+    text, _ = reproduce.credit_report("sparser", list(runs), runs, window=2)
+    implicit = [line for line in text.splitlines() if line.startswith(f"| {reproduce.CREDIT_LABELS['implicit-nf-mixed']} |")][0]
+    # seed 1 only: 0.15 - 0.10 = +0.05 over outcome's seed 1 (not -0.05 under its 3-seed mean 0.20),
+    # seeds apart; share of the checker's seed-1 gain (0.20 - 0.10): 0.50
+    assert "| +0.050 (yes) | 0.50 |" in implicit
+    stats = {"seeds": [1, 2, 3], "end_sampled": [0.1, 0.2, 0.3]}
+    assert reproduce.same_seeds(stats, [1]) == [0.1]
+    assert reproduce.same_seeds(stats, [4]) == [0.1, 0.2, 0.3]  # none shared: all
