@@ -213,15 +213,20 @@ def credit_report(setting: str, arms: list[str], runs: dict, window: int) -> tup
             # against the baseline's runs of the same seeds (same RL prompts and start) where it has them
             b_end = same_seeds(base, st["seeds"])
             diff = np.mean(st["end_sampled"]) - np.mean(b_end)
-            apart = ("yes" if seeds_apart(st["end_sampled"], b_end) else
+            apart = ("one seed" if min(len(st["end_sampled"]), len(b_end)) < 2 else
+                     "yes" if seeds_apart(st["end_sampled"], b_end) else
                      "yes, below" if seeds_apart(b_end, st["end_sampled"]) else "no")
             gain = f"{diff:+.3f} ({apart})"
             b_runs = [r for r in runs[spec["baseline"]] if r["config"]["seed"] in st["seeds"]] or runs[spec["baseline"]]
             level = float(np.mean(moving_average(series(b_runs, "reward"), window)[:, -1]))
             reach = ", ".join(str(x) if x else "never" for x in steps_to_reach(runs[arm], level, window))
             if check is not None and arm != spec["checker"]:
-                closed = gap_closed(np.mean(b_end), np.mean(same_seeds(check, st["seeds"])), np.mean(st["end_sampled"]))
-                share = "no gap" if closed is None else f"{closed:.2f}"
+                # a share of the checker's gain only where that gain is measured: over all the
+                # checker's and the baseline's seeds, every checker seed above every baseline seed
+                c_end = same_seeds(check, st["seeds"])
+                closed = gap_closed(np.mean(b_end), np.mean(c_end), np.mean(st["end_sampled"]))
+                measured = len(check["end_sampled"]) > 1 and seeds_apart(check["end_sampled"], base["end_sampled"])
+                share = "no measured gap" if closed is None or not measured else f"{closed:.2f}"
         lines.append(f"| {CREDIT_LABELS[arm]} | {len(st['seeds'])} | {np.mean(st['start_sampled']):.3f} -> "
                      f"{fmt(st['end_sampled'])} | {np.mean(st['start_greedy']):.2f} -> {fmt(st['end_greedy'], 2)} | "
                      f"{fmt(st['reward_last'])} | {np.mean(st['mixed_groups']):.1f} / {np.mean(st['kept_groups']):.1f} | "

@@ -166,8 +166,13 @@ def test_an_arm_with_fewer_seeds_is_compared_seed_for_seed(tmp_path):
     text, _ = reproduce.credit_report("sparser", list(runs), runs, window=2)
     implicit = [line for line in text.splitlines() if line.startswith(f"| {reproduce.CREDIT_LABELS['implicit-nf-mixed']} |")][0]
     # seed 1 only: 0.15 - 0.10 = +0.05 over outcome's seed 1 (not -0.05 under its 3-seed mean 0.20),
-    # seeds apart; share of the checker's seed-1 gain (0.20 - 0.10): 0.50
-    assert "| +0.050 (yes) | 0.50 |" in implicit
+    # one seed, so no seed-range verdict; the checker's seeds overlap outcome's (0.20, 0.30 < 0.30):
+    # no measured gap to take a share of
+    assert "| +0.050 (one seed) | no measured gap |" in implicit
+    runs["step-nf"] = [fake_run(s, [0.1] * 4, e, folder=tmp_path / "s2") for s, e in ((1, 0.35), (2, 0.40), (3, 0.45))]
+    text, _ = reproduce.credit_report("sparser", list(runs), runs, window=2)
+    implicit = [line for line in text.splitlines() if line.startswith(f"| {reproduce.CREDIT_LABELS['implicit-nf-mixed']} |")][0]
+    assert "| +0.050 (one seed) | 0.20 |" in implicit  # (0.15 - 0.10) / (0.35 - 0.10), seed 1
     stats = {"seeds": [1, 2, 3], "end_sampled": [0.1, 0.2, 0.3]}
     assert reproduce.same_seeds(stats, [1]) == [0.1]
     assert reproduce.same_seeds(stats, [4]) == [0.1, 0.2, 0.3]  # none shared: all
