@@ -116,8 +116,13 @@ CREDIT_ARMS = {
                            baseline="outcome-nf-lr1e-4", checker="step-nf-lr1e-4"),
     "implicit-nf-mixed-lr1e-4": dict(flags=[*MIXED, "--policy-lr", "1e-4"], baseline="outcome-nf-lr1e-4",
                                      checker="step-nf-lr1e-4"),
-    # The first trials' greedy collapse: outcome-only with PRIME's filter (few groups kept) at lr 1e-4.
-    "outcome-lr1e-4": dict(flags=["--process", "none", "--policy-lr", "1e-4"], baseline="outcome", checker="step"),
+    # The first trials' greedy collapse: outcome-only with PRIME's filter (few groups kept) at lr 1e-4;
+    # and the three signals with the filter at that lr.
+    "outcome-lr1e-4": dict(flags=["--process", "none", "--policy-lr", "1e-4"], baseline="outcome-lr1e-4",
+                           checker="step-lr1e-4"),
+    "step-lr1e-4": dict(flags=["--process", "step", "--policy-lr", "1e-4"], baseline="outcome-lr1e-4",
+                        checker="step-lr1e-4"),
+    "implicit-lr1e-4": dict(flags=["--policy-lr", "1e-4"], baseline="outcome-lr1e-4", checker="step-lr1e-4"),
 }
 CREDIT_LABELS = {
     "outcome": "outcome-only RLOO", "step": "RLOO + exact step checker", "implicit": "PRIME (RLOO + implicit PRM)",
@@ -129,7 +134,8 @@ CREDIT_LABELS = {
     "step-nf-pass": "PASS + step checker, no filter",
     "outcome-nf-lr1e-4": "outcome-only RLOO, no filter, lr 1e-4", "step-nf-lr1e-4": "step checker, no filter, lr 1e-4",
     "implicit-nf-mixed-lr1e-4": "PRIME, no filter, PRM on mixed, lr 1e-4",
-    "outcome-lr1e-4": "outcome-only RLOO, lr 1e-4",
+    "outcome-lr1e-4": "outcome-only RLOO, lr 1e-4", "step-lr1e-4": "RLOO + step checker, lr 1e-4",
+    "implicit-lr1e-4": "PRIME, lr 1e-4",
 }
 # What `python reproduce.py credit` runs in each setting (3 seeds each); the rest of CREDIT_ARMS are
 # there to be run with --arms. The dense settings get the three process sources with PRIME's filter;
@@ -139,8 +145,9 @@ CREDIT = {
     "default": ["outcome", "step", "implicit"],
     "sparse": list(CREDIT_ARMS),
     "sparser": ["outcome-nf", "step-nf", "implicit-nf-mixed", "implicit-nf-mixed-warm", "implicit-nf-mixed-prmlr",
-                "implicit-nf-mixed-k8", "implicit-nf-mixed-raw", "outcome", "outcome-lr1e-4", "implicit", "step", "implicit-nf",
-                "outcome-nf-lr1e-4", "step-nf-lr1e-4"],
+                "implicit-nf-mixed-k8", "implicit-nf-mixed-raw", "outcome", "step", "implicit", "implicit-nf",
+                "outcome-nf-lr1e-4", "step-nf-lr1e-4", "implicit-nf-mixed-lr1e-4", "outcome-lr1e-4", "step-lr1e-4",
+                "implicit-lr1e-4"],
 }
 
 
