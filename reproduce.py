@@ -123,6 +123,11 @@ CREDIT_ARMS = {
     "step-lr1e-4": dict(flags=["--process", "step", "--policy-lr", "1e-4"], baseline="outcome-lr1e-4",
                         checker="step-lr1e-4"),
     "implicit-lr1e-4": dict(flags=["--policy-lr", "1e-4"], baseline="outcome-lr1e-4", checker="step-lr1e-4"),
+    # A tiny batch (8 prompts: 2-4 groups kept by the filter), the first trials' collapse regime, at both lrs.
+    "outcome-tiny": dict(flags=["--process", "none", "--prompts-per-step", "8"], baseline="outcome-tiny",
+                         checker="step"),
+    "outcome-tiny-lr1e-4": dict(flags=["--process", "none", "--prompts-per-step", "8", "--policy-lr", "1e-4"],
+                                baseline="outcome-tiny", checker="step"),
 }
 CREDIT_LABELS = {
     "outcome": "outcome-only RLOO", "step": "RLOO + exact step checker", "implicit": "PRIME (RLOO + implicit PRM)",
@@ -135,7 +140,8 @@ CREDIT_LABELS = {
     "outcome-nf-lr1e-4": "outcome-only RLOO, no filter, lr 1e-4", "step-nf-lr1e-4": "step checker, no filter, lr 1e-4",
     "implicit-nf-mixed-lr1e-4": "PRIME, no filter, PRM on mixed, lr 1e-4",
     "outcome-lr1e-4": "outcome-only RLOO, lr 1e-4", "step-lr1e-4": "RLOO + step checker, lr 1e-4",
-    "implicit-lr1e-4": "PRIME, lr 1e-4",
+    "implicit-lr1e-4": "PRIME, lr 1e-4", "outcome-tiny": "outcome-only RLOO, 8 prompts a step",
+    "outcome-tiny-lr1e-4": "outcome-only RLOO, 8 prompts a step, lr 1e-4",
 }
 # What `python reproduce.py credit` runs in each setting (3 seeds each); the rest of CREDIT_ARMS are
 # there to be run with --arms. The dense settings get the three process sources with PRIME's filter;
@@ -147,7 +153,7 @@ CREDIT = {
     "sparser": ["outcome-nf", "step-nf", "implicit-nf-mixed", "implicit-nf-mixed-warm", "implicit-nf-mixed-prmlr",
                 "implicit-nf-mixed-k8", "implicit-nf-mixed-raw", "outcome", "step", "implicit", "implicit-nf",
                 "outcome-nf-lr1e-4", "step-nf-lr1e-4", "implicit-nf-mixed-lr1e-4", "outcome-lr1e-4", "step-lr1e-4",
-                "implicit-lr1e-4"],
+                "implicit-lr1e-4", "outcome-tiny", "outcome-tiny-lr1e-4"],
 }
 
 
