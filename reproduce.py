@@ -148,7 +148,7 @@ CREDIT_LABELS = {
 # the sparse one, where the first trials found a lead, gets every construction.
 CREDIT = {
     "short": ["outcome", "step", "implicit"],
-    "default": ["outcome", "step", "implicit"],
+    "default": ["outcome", "step", "implicit", "outcome-lr1e-4", "implicit-lr1e-4"],
     "sparse": list(CREDIT_ARMS),
     "sparser": ["outcome-nf", "step-nf", "implicit-nf-mixed", "implicit-nf-mixed-warm", "implicit-nf-mixed-prmlr",
                 "implicit-nf-mixed-k8", "implicit-nf-mixed-raw", "outcome", "step", "implicit", "implicit-nf",
