@@ -329,7 +329,7 @@ def credit_plot(setting: str, arms: list[str], runs: dict, figures: Path, window
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(17, 4.8), gridspec_kw=dict(width_ratios=[1.2, 1], wspace=0.55))
     for i, arm in enumerate(arms):
         style = dict(color=f"C{i % 10}", ls="-" if i < 10 else "--", label=CREDIT_LABELS[arm])
         x = moving_average(series(runs[arm], "reward"), window)
@@ -344,7 +344,8 @@ def credit_plot(setting: str, arms: list[str], runs: dict, figures: Path, window
     axes[0].set_title(f"{setting}: training reward ({window}-step moving average; band = min..max over seeds)",
                       fontsize=9)
     axes[0].set_xlabel("RL step")
-    axes[0].legend(fontsize=7)
+    # many arms: the legend goes beside the curves, not over them
+    axes[0].legend(fontsize=6 if len(arms) > 8 else 7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes[1].set_xticks(range(len(arms)), [CREDIT_LABELS[a] for a in arms], rotation=35, ha="right", fontsize=7)
     axes[1].set_title(f"{setting}: held-out sampled accuracy at the end (dot: mean, bar: min..max over seeds; "
                       "grey: start)", fontsize=9)
@@ -387,7 +388,7 @@ def save_figure(fig, figures: Path, name: str) -> Path:
     fig.tight_layout()
     figures.mkdir(parents=True, exist_ok=True)
     path = figures / f"{name}.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # keeps a legend placed outside the axes
     plt.close(fig)
     return path
 
