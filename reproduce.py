@@ -134,7 +134,8 @@ CREDIT_LABELS = {
     "outcome-nf": "outcome-only RLOO, no filter", "step-nf": "RLOO + step checker, no filter",
     "implicit-nf": "PRIME, no filter", "implicit-nf-mixed": "PRIME, no filter, PRM on mixed groups",
     "implicit-nf-mixed-warm": "... + PRM warmed up offline (20 batches)",
-    "implicit-nf-mixed-prmlr": "... + PRM lr 1e-3", "implicit-nf-mixed-raw": "... + raw rewards (--process-norm beta)", "implicit-nf-mixed-k8": "... + 8 samples x 16 prompts",
+    "implicit-nf-mixed-prmlr": "... + PRM lr 1e-3", "implicit-nf-mixed-k8": "... + 8 samples x 16 prompts",
+    "implicit-nf-mixed-raw": "... + raw rewards (--process-norm beta)",
     "step-nf-gamma": "RLOO + step checker, no filter, gamma 0.9", "step-nf-grpo": "GRPO + step checker, no filter",
     "step-nf-pass": "PASS + step checker, no filter",
     "outcome-nf-lr1e-4": "outcome-only RLOO, no filter, lr 1e-4", "step-nf-lr1e-4": "step checker, no filter, lr 1e-4",
@@ -308,14 +309,16 @@ def blame_report(arms: list[str], runs: dict, after_step: int = 60) -> str:
              "slip / any slip | batch normaliser / a response's own largest return-to-go | raw reward of a line: "
              "slipped / clean (sd) | separation (clean - slip) / sd |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for arm in arms:
+        config = runs[arm][0]["config"]
+        if config.get("process") == "none":  # no process reward to read: skip before any file is read
+            continue
         episodes = [json.loads(l) for r in runs[arm] if (Path(r["dir"]) / "episodes.jsonl").exists()
                     for l in (Path(r["dir"]) / "episodes.jsonl").read_text().splitlines() if l.strip()]
-        if runs[arm][0]["config"].get("process") == "none" or not episodes:
+        if not episodes:
             continue
         b = blame_stats(episodes, after_step)
-        implicit = runs[arm][0]["config"].get("process") == "implicit"
-        norm = (f"{b['normaliser']:.1f} / {b['own']:.1f}"
-                if implicit and runs[arm][0]["config"].get("process_norm") == "batch" else "n/a")
+        implicit = config.get("process") == "implicit"
+        norm = f"{b['normaliser']:.1f} / {b['own']:.1f}" if implicit and config.get("process_norm") == "batch" else "n/a"
         raw = (f"{b['slip_reward']:+.2f} / {b['clean_reward']:+.2f} ({b['clean_sd']:.2f}) | {b['separation']:.1f}"
                if implicit else "n/a | n/a")
         lines.append(f"| {CREDIT_LABELS[arm]} | {b['responses']} | {b['slips_per_response']:.2f} | "
@@ -329,7 +332,7 @@ def credit_plot(setting: str, arms: list[str], runs: dict, figures: Path, window
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(17, 4.8), gridspec_kw=dict(width_ratios=[1.2, 1], wspace=0.55))
+    fig, axes = plt.subplots(1, 2, figsize=(17, 4.8), width_ratios=[1.2, 1], layout="constrained")
     for i, arm in enumerate(arms):
         style = dict(color=f"C{i % 10}", ls="-" if i < 10 else "--", label=CREDIT_LABELS[arm])
         x = moving_average(series(runs[arm], "reward"), window)
@@ -385,7 +388,8 @@ def merge_json(path: Path, results: dict) -> None:
 def save_figure(fig, figures: Path, name: str) -> Path:
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a figure made with its own layout (constrained) keeps it
+        fig.tight_layout()
     figures.mkdir(parents=True, exist_ok=True)
     path = figures / f"{name}.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")  # keeps a legend placed outside the axes
