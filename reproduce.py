@@ -7,6 +7,7 @@
     python reproduce.py timing                 # step-time split, PRIME vs RLOO (Table 2)
     python reproduce.py credit                 # the credit-assignment study: when do dense rewards pay off?
     python reproduce.py credit --settings sparse --arms outcome-nf step-nf   # a part of it
+    python reproduce.py credit --settings sparser --arms outcome-nf step-nf-gamma --tag gamma   # its own plot
     python reproduce.py all                    # everything above (each run once; arms are shared)
     python reproduce.py all --report-only      # redraw plots and tables from the finished runs
     python reproduce.py prime-vs-rloo --seeds 1 2 --steps 40 --jobs 1
@@ -18,7 +19,9 @@ where it stopped; an interrupted run restarts from its own last checkpoint (trai
 better on one thread each than two runs fighting over both cores).
 
 Output: one PNG per comparison and results.json in --figures (default docs/figures/), and a
-Markdown table per comparison on the terminal (docs/REPRODUCTION.md quotes them). Every number is
+Markdown table per comparison on the terminal (docs/REPRODUCTION.md quotes them). The credit study
+keeps its per-seed numbers in credit.json there: an arm whose outcome-only baseline or checker has no
+runs in --out (runs made on another machine) is compared with the numbers recorded for them. Every number is
 what the runs printed; nothing is smoothed except the plotted moving averages, which say so.
 """
 
@@ -110,6 +113,8 @@ CREDIT_ARMS = {
                          checker="step-nf"),
     "step-nf-pass": dict(flags=["--process", "step", "--estimator", "pass", *NO_FILTER], baseline="outcome-nf",
                          checker="step-nf"),
+    # The implicit PRM under the construction that helped the checker most (gamma 0.9, sparser setting)
+    "implicit-nf-mixed-gamma": dict(flags=[*MIXED, "--gamma", "0.9"], baseline="outcome-nf", checker="step-nf-gamma"),
     "outcome-nf-lr1e-4": dict(flags=["--process", "none", *NO_FILTER, "--policy-lr", "1e-4"],
                               baseline="outcome-nf-lr1e-4", checker="step-nf-lr1e-4"),
     "step-nf-lr1e-4": dict(flags=["--process", "step", *NO_FILTER, "--policy-lr", "1e-4"],
@@ -138,6 +143,7 @@ CREDIT_LABELS = {
     "implicit-nf-mixed-raw": "... + raw rewards (--process-norm beta)",
     "step-nf-gamma": "RLOO + step checker, no filter, gamma 0.9", "step-nf-grpo": "GRPO + step checker, no filter",
     "step-nf-pass": "PASS + step checker, no filter",
+    "implicit-nf-mixed-gamma": "PRIME, no filter, PRM on mixed, gamma 0.9",
     "outcome-nf-lr1e-4": "outcome-only RLOO, no filter, lr 1e-4", "step-nf-lr1e-4": "step checker, no filter, lr 1e-4",
     "implicit-nf-mixed-lr1e-4": "PRIME, no filter, PRM on mixed, lr 1e-4",
     "outcome-lr1e-4": "outcome-only RLOO, lr 1e-4", "step-lr1e-4": "RLOO + step checker, lr 1e-4",
@@ -154,7 +160,8 @@ CREDIT = {
     "sparser": ["outcome-nf", "step-nf", "implicit-nf-mixed", "implicit-nf-mixed-warm", "implicit-nf-mixed-prmlr",
                 "implicit-nf-mixed-k8", "implicit-nf-mixed-raw", "outcome", "step", "implicit", "implicit-nf",
                 "outcome-nf-lr1e-4", "step-nf-lr1e-4", "implicit-nf-mixed-lr1e-4", "outcome-lr1e-4", "step-lr1e-4",
-                "implicit-lr1e-4", "outcome-tiny", "outcome-tiny-lr1e-4"],
+                "implicit-lr1e-4", "outcome-tiny", "outcome-tiny-lr1e-4", "step-nf-gamma", "step-nf-grpo", "step-nf-pass",
+                "implicit-nf-mixed-gamma"],
 }
 
 
@@ -192,15 +199,18 @@ def steps_to_reach(runs: list[dict], level: float, window: int) -> list[int | No
     return out
 
 
-def same_seeds(stats: dict, seeds: list[int]) -> list[float]:
-    """An arm's end-of-run held-out sampled accuracies for these seeds, or all of them when it has
-    none of these seeds: an arm run with fewer seeds is compared seed for seed."""
-    picked = [v for s, v in zip(stats["seeds"], stats["end_sampled"]) if s in seeds]
-    return picked or stats["end_sampled"]
+def same_seeds(stats: dict, seeds: list[int], key: str = "end_sampled") -> list[float]:
+    """An arm's per-seed `key` (default: end-of-run held-out sampled accuracy) for these seeds, or all
+    of them when it has none of these seeds: an arm run with fewer seeds is compared seed for seed."""
+    picked = [v for s, v in zip(stats["seeds"], stats[key]) if s in seeds]
+    return picked or stats[key]
 
 
-def credit_report(setting: str, arms: list[str], runs: dict, window: int) -> tuple[str, dict]:
-    """The Markdown table of one dial setting and its numbers (mean [min, max] over seeds)."""
+def credit_report(setting: str, arms: list[str], runs: dict, window: int,
+                  recorded: dict | None = None) -> tuple[str, dict]:
+    """The Markdown table of one dial setting and its numbers (mean [min, max] over seeds). An arm's
+    baseline or checker whose runs are not in `runs` is read from `recorded`, the numbers an earlier
+    report kept (credit.json), so that new arms compare with runs made on another machine."""
     stats = {}
     for arm in arms:
         rs = runs[arm]
@@ -221,7 +231,9 @@ def credit_report(setting: str, arms: list[str], runs: dict, window: int) -> tup
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for arm in arms:
         st, spec = stats[arm], CREDIT_ARMS[arm]
-        base, check = stats.get(spec["baseline"]), stats.get(spec["checker"])
+        recorded = recorded or {}
+        base = stats.get(spec["baseline"], recorded.get(spec["baseline"]))
+        check = stats.get(spec["checker"], recorded.get(spec["checker"]))
         gain = share = reach = "n/a"
         if base is not None and arm != spec["baseline"]:
             # against the baseline's runs of the same seeds (same RL prompts and start) where it has them
@@ -231,8 +243,8 @@ def credit_report(setting: str, arms: list[str], runs: dict, window: int) -> tup
                      "yes" if seeds_apart(st["end_sampled"], b_end) else
                      "yes, below" if seeds_apart(b_end, st["end_sampled"]) else "no")
             gain = f"{diff:+.3f} ({apart})"
-            b_runs = [r for r in runs[spec["baseline"]] if r["config"]["seed"] in st["seeds"]] or runs[spec["baseline"]]
-            level = float(np.mean(moving_average(series(b_runs, "reward"), window)[:, -1]))
+            # the baseline's final moving-average reward (reward_last is that average), same seeds
+            level = float(np.mean(same_seeds(base, st["seeds"], "reward_last")))
             reach = ", ".join(str(x) if x else "never" for x in steps_to_reach(runs[arm], level, window))
             if check is not None and arm != spec["checker"]:
                 # a share of the checker's gain only where that gain is measured: over all the
@@ -326,7 +338,7 @@ def blame_report(arms: list[str], runs: dict, after_step: int = 60) -> str:
     return "\n".join(lines)
 
 
-def credit_plot(setting: str, arms: list[str], runs: dict, figures: Path, window: int) -> Path:
+def credit_plot(setting: str, arms: list[str], runs: dict, figures: Path, window: int, tag: str = "") -> Path:
     """Training reward and held-out sampled accuracy of every arm of one setting (band: min..max over seeds)."""
     import matplotlib
     matplotlib.use("Agg")
@@ -352,7 +364,7 @@ def credit_plot(setting: str, arms: list[str], runs: dict, figures: Path, window
     axes[1].set_xticks(range(len(arms)), [CREDIT_LABELS[a] for a in arms], rotation=35, ha="right", fontsize=7)
     axes[1].set_title(f"{setting}: held-out sampled accuracy at the end (dot: mean, bar: min..max over seeds; "
                       "grey: start)", fontsize=9)
-    return save_figure(fig, figures, f"credit-{setting}")
+    return save_figure(fig, figures, f"credit-{setting}-{tag}" if tag else f"credit-{setting}")
 
 
 def finished(run_dir: Path) -> bool:
@@ -567,6 +579,8 @@ def main(argv=None):
                         help="credit: the dial settings (default: all)")
     parser.add_argument("--arms", nargs="+", choices=list(CREDIT_ARMS),
                         help="credit: run these arms in every chosen setting (default: CREDIT's arms per setting)")
+    parser.add_argument("--tag", default="", help="credit: name the plots credit-<setting>-<tag>.png, so that a "
+                        "plot of a few --arms does not replace the setting's plot of all of them")
     args, args.train_args = parser.parse_known_args(argv)  # anything else goes to every train.py run
     for flag, value in (("--steps", args.steps), ("--jobs", args.jobs), ("--window", args.window)):
         if value < 1:
@@ -628,8 +642,8 @@ def credit_main(args) -> None:
         arms = [a for a in runs if runs[a]]
         if not arms:
             continue
-        text, stats = credit_report(setting, arms, runs, args.window)
-        plot_path = credit_plot(setting, arms, runs, figures, args.window)
+        text, stats = credit_report(setting, arms, runs, args.window, old.get(setting))
+        plot_path = credit_plot(setting, arms, runs, figures, args.window, args.tag)
         print(f"\n## credit: {setting} ({' '.join(SETTINGS[setting]) or 'the default task'}; {plot_path})\n")
         print(text)
         print(f"\nWhere the process reward blames the wrong responses ({setting}):\n")

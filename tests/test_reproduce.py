@@ -176,3 +176,19 @@ def test_an_arm_with_fewer_seeds_is_compared_seed_for_seed(tmp_path):
     stats = {"seeds": [1, 2, 3], "end_sampled": [0.1, 0.2, 0.3]}
     assert reproduce.same_seeds(stats, [1]) == [0.1]
     assert reproduce.same_seeds(stats, [4]) == [0.1, 0.2, 0.3]  # none shared: all
+
+
+def test_a_baseline_and_checker_recorded_by_an_earlier_report_stand_in_for_their_runs(tmp_path):
+    runs = {"outcome-nf": [fake_run(s, [0.1] * 4, e, folder=tmp_path / "o") for s, e in ((1, 0.10), (2, 0.12))],
+            "step-nf": [fake_run(s, [0.1, 0.2, 0.3, 0.4], e, folder=tmp_path / "s") for s, e in ((1, 0.30), (2, 0.34))],
+            "step-nf-gamma": [fake_run(s, [0.1, 0.1, 0.2, 0.2], e, folder=tmp_path / "g") for s, e in ((1, 0.20), (2, 0.16))]}
+    text, stats = reproduce.credit_report("sparser", list(runs), runs, window=2)
+    full = [line for line in text.splitlines() if line.startswith(f"| {reproduce.CREDIT_LABELS['step-nf-gamma']} |")][0]
+    # by hand: gain 0.18 - 0.11 = +0.070, seeds apart (0.16 and 0.20 above 0.10 and 0.12); share of the
+    # checker's (apart, +0.21) gain 0.07 / 0.21 = 0.33; outcome's final 2-step mean 0.1 is reached at step 2
+    assert "| 2, 2 | +0.070 (yes) | 0.33 |" in full
+    alone, _ = reproduce.credit_report("sparser", ["step-nf-gamma"], {"step-nf-gamma": runs["step-nf-gamma"]}, window=2,
+                                       recorded={a: stats[a] for a in ("outcome-nf", "step-nf")})
+    assert alone.splitlines()[2] == full  # the same row from the recorded numbers as from the runs
+    bare, _ = reproduce.credit_report("sparser", ["step-nf-gamma"], {"step-nf-gamma": runs["step-nf-gamma"]}, window=2)
+    assert "| n/a | n/a | n/a |" in bare.splitlines()[2]  # nothing to compare with: said, not guessed
