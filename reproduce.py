@@ -113,6 +113,10 @@ CREDIT_ARMS = {
                          checker="step-nf"),
     "step-nf-pass": dict(flags=["--process", "step", "--estimator", "pass", *NO_FILTER], baseline="outcome-nf",
                          checker="step-nf"),
+    # The control for gamma 0.9: outcome-only with it (the outcome's return then fades from the last
+    # token back, 0.9^k for k tokens before it: the discount alone, with no process signal)
+    "outcome-nf-gamma": dict(flags=["--process", "none", *NO_FILTER, "--gamma", "0.9"], baseline="outcome-nf",
+                             checker="step-nf-gamma"),
     # The implicit PRM under the construction that helped the checker most (gamma 0.9, sparser setting)
     "implicit-nf-mixed-gamma": dict(flags=[*MIXED, "--gamma", "0.9"], baseline="outcome-nf", checker="step-nf-gamma"),
     "outcome-nf-lr1e-4": dict(flags=["--process", "none", *NO_FILTER, "--policy-lr", "1e-4"],
@@ -144,6 +148,7 @@ CREDIT_LABELS = {
     "step-nf-gamma": "RLOO + step checker, no filter, gamma 0.9", "step-nf-grpo": "GRPO + step checker, no filter",
     "step-nf-pass": "PASS + step checker, no filter",
     "implicit-nf-mixed-gamma": "PRIME, no filter, PRM on mixed, gamma 0.9",
+    "outcome-nf-gamma": "outcome-only RLOO, no filter, gamma 0.9",
     "outcome-nf-lr1e-4": "outcome-only RLOO, no filter, lr 1e-4", "step-nf-lr1e-4": "step checker, no filter, lr 1e-4",
     "implicit-nf-mixed-lr1e-4": "PRIME, no filter, PRM on mixed, lr 1e-4",
     "outcome-lr1e-4": "outcome-only RLOO, lr 1e-4", "step-lr1e-4": "RLOO + step checker, lr 1e-4",
@@ -161,7 +166,7 @@ CREDIT = {
                 "implicit-nf-mixed-k8", "implicit-nf-mixed-raw", "outcome", "step", "implicit", "implicit-nf",
                 "outcome-nf-lr1e-4", "step-nf-lr1e-4", "implicit-nf-mixed-lr1e-4", "outcome-lr1e-4", "step-lr1e-4",
                 "implicit-lr1e-4", "outcome-tiny", "outcome-tiny-lr1e-4", "step-nf-gamma", "step-nf-grpo", "step-nf-pass",
-                "implicit-nf-mixed-gamma"],
+                "outcome-nf-gamma", "implicit-nf-mixed-gamma"],
 }
 
 
