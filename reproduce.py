@@ -234,9 +234,9 @@ def credit_report(setting: str, arms: list[str], runs: dict, window: int,
              f"mixed / kept groups a step | PRM acc. / localisation, last {window} | steps to reach the baseline's final "
              "reward | gain over outcome-only, same seeds (seeds apart?) | share of the checker's gain | RMS weight change (x 1e-3) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    recorded = recorded or {}
     for arm in arms:
         st, spec = stats[arm], CREDIT_ARMS[arm]
-        recorded = recorded or {}
         base = stats.get(spec["baseline"], recorded.get(spec["baseline"]))
         check = stats.get(spec["checker"], recorded.get(spec["checker"]))
         gain = share = reach = "n/a"
