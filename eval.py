@@ -58,7 +58,7 @@ from rollout import HFRollout, VLLMRollout
 
 BOOTSTRAP_RESAMPLES = 2000  # as PASS's Table 6: 2000 resamples of whole problems
 BOOTSTRAP_SEED = 0
-PHASES = ("rollout", "verify", "prm", "policy", "other")  # train.py's step-time split
+PHASES = ("rollout", "verify", "prm", "policy", "eval", "other")  # train.py's step-time split
 
 # ---------------------------------------------------------------------------------------------------
 # Pass@k and the bootstrap interval

@@ -121,7 +121,12 @@ class HFRollout:
                 top_p=self.top_p if not greedy else None, top_k=0 if not greedy else None,
                 max_new_tokens=self.max_new_tokens, pad_token_id=tok.pad_token_id,
                 eos_token_id=tok.eos_token_id, return_dict_in_generate=True,
-                output_logits=return_logprobs)
+                output_logits=return_logprobs,
+                # A preallocated KV cache: the default one concatenates every new key and value onto
+                # the old ones, which took half of a decoding step's time for the tiny model on CPU
+                # (bench/bench_first_use.py --profile-rollout). No torch.compile: its warm-up costs more
+                # than it saves here, and a run should not compile behind the user's back.
+                cache_implementation="static", disable_compile=True)
             gen = out.sequences[:, ids.shape[1]:].cpu()
             chunks.append(gen)
             if return_logprobs:

@@ -131,8 +131,8 @@ class Args:
     """which groups the implicit PRM learns from: 'kept' (every group the filter keeps, as the paper) or 'mixed' (only groups with both right and wrong responses, whose labels contrast); its rewards reach every kept group either way"""
     teacher: str = ""
     """--process opd/gopd: a frozen causal LM on the policy's tokenizer; empty = the embedded toy teacher (a longer SFT)"""
-    teacher_sft_steps: int = 1500
-    """SFT steps of the embedded toy teacher (cached like the policy's SFT)"""
+    teacher_sft_steps: int = toy_task.TEACHER_SFT_STEPS
+    """SFT steps of the embedded toy teacher (1500: shipped in checkpoints/; another count is trained into --cache-dir)"""
     gopd_lambda: float = 1.25
     """--process gopd: lambda of lambda (l_T - l_B) - (l_theta - l_B), base = the starting policy (PASS v1: 1.25)"""
     step_scorer: str = "toy"
@@ -208,9 +208,9 @@ class Args:
     eval_samples: int = 4
     """responses per held-out problem for the sampled accuracy (at --temperature)"""
     sft_steps: int = 0
-    """SFT warmup steps for the embedded model; 0 = until its held-out loss stops improving (cached in .cache/)"""
+    """SFT steps of the embedded model; 0 = the recipe's 3000, shipped in checkpoints/ for the README's and the study's settings (others are trained once into --cache-dir)"""
     cache_dir: str = ".cache"
-    """where the embedded SFT checkpoint is cached"""
+    """where an embedded SFT checkpoint that is not shipped is trained and cached"""
     episodes_per_step: int = 2
     """sample episodes with per-token implicit rewards written to episodes.jsonl each iteration"""
     max_memory_gb: float = 0.0
@@ -363,6 +363,13 @@ def check_args(args: Args) -> None:
     if not args.prm_online and not args.prm_warmup_steps:
         print("warning: --no-prm-online without --prm-warmup-steps: the PRM stays equal to the reference and "
               "every implicit reward is 0")
+    if args.process == "implicit" and args.filter_low <= 0 and args.filter_high >= 1 and args.policy_lr >= 1e-4:
+        # the credit-assignment study (docs/REPRODUCTION.md): without the filter the untrained PRM's rewards
+        # are the only advantage of every all-wrong group, and at lr 1e-4 they took greedy accuracy to 0
+        print(f"warning: --filter-low {args.filter_low:g} --filter-high {args.filter_high:g} keeps every group, "
+              f"and at --policy-lr {args.policy_lr:g} implicit process rewards without PRIME's filter collapsed "
+              "the embedded policy in the credit study; keep the filter, lower the lr, or use --prm-groups mixed "
+              "with care")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -463,9 +470,9 @@ def step_prompts(args: Args, train_tasks: list[Task], tokenizer, step: int, d: D
 
 
 def embedded_checkpoint(args: Args, sft_steps: int, d: Dist, label: str = "", slip: float | None = None) -> str:
-    """Path of the cached toy SFT checkpoint (of `sft_steps` steps, 0 = to convergence) for the
-    task's --toy-ops and --toy-slip (or `slip`). Rank 0 trains it on first use; the other ranks
-    wait for it and get its path."""
+    """Path of the toy SFT checkpoint (of `sft_steps` steps, 0 = the recipe's toy_task.SFT_STEPS) for
+    the task's --toy-ops and --toy-slip (or `slip`): shipped in checkpoints/ (hash-checked), or trained
+    by rank 0 into --cache-dir on first use while the other ranks wait for its path."""
     slip = args.toy_slip if slip is None else slip
     path = str(toy_task.sft_checkpoint(Path(args.cache_dir), sft_steps, log=lambda m: print0(d, label + m),
                                        ops=toy_task.parse_ops(args.toy_ops), slip=slip)) if d.master else None
@@ -1216,11 +1223,14 @@ def main(argv=None):
         write_atomic(run_dir / "config.json", json.dumps({**dataclasses.asdict(args), "model_path": model_path,
                                                           "world_size": d.world}, indent=2))
     summary_path = run_dir / "summary.json"
+    eval_seconds = 0.0  # every held-out evaluation of this launch: start, every --eval-every steps, end
     if args.resume and summary_path.exists():
         saved = json.loads(summary_path.read_text())
         start = {"greedy": saved["start_accuracy"], "sampled": saved["start_sampled_accuracy"]}
     else:
+        t = time.time()
         start = heldout_metrics(policy, tokenizer, eval_tasks, args, d)
+        eval_seconds += time.time() - t
         if d.master:
             write_atomic(summary_path, json.dumps({"start_accuracy": start["greedy"],
                                                    "start_sampled_accuracy": start["sampled"]}, indent=2))
@@ -1234,7 +1244,7 @@ def main(argv=None):
 
     from tqdm import tqdm
     wall_start = time.time()
-    phase_totals = {"rollout": 0.0, "verify": 0.0, "prm": 0.0, "policy": 0.0, "other": 0.0}
+    phase_totals = {"rollout": 0.0, "verify": 0.0, "prm": 0.0, "policy": 0.0, "eval": 0.0, "other": 0.0}
     bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, disable=not d.master,
                desc=run_label(args), dynamic_ncols=True)
     for step in bar:
@@ -1363,10 +1373,13 @@ def main(argv=None):
             metrics["value_loss"] = mean(value_losses)
         for j, k in enumerate(kinds):  # e.g. reward_math, reward_code; None on a step without that kind
             metrics[f"reward_{k}"] = by_kind[2 * j] / by_kind[2 * j + 1] if by_kind[2 * j + 1] else None
+        t = time.time()
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
             held = heldout_metrics(policy, tokenizer, eval_tasks, args, d)
             metrics["heldout_accuracy"], metrics["heldout_sampled_accuracy"] = held["greedy"], held["sampled"]
-        times["other"] = (time.time() - t_step) - sum(times.values())  # filter, advantages, metrics, eval
+        times["eval"] = time.time() - t
+        eval_seconds += times["eval"]
+        times["other"] = (time.time() - t_step) - sum(times.values())  # filter, advantages, metrics
         if d.master:
             with open(run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({**metrics, "time": times}) + "\n")
@@ -1385,7 +1398,9 @@ def main(argv=None):
         phase_totals["other"] += (time.time() - t_step) - sum(times.values())  # + writing, checkpoint
 
     # End: held-out accuracy of the final policy, curves, summary, final checkpoint -------------
+    t = time.time()
     end = heldout_metrics(policy, tokenizer, eval_tasks, args, d)
+    eval_seconds += time.time() - t
     if d.master:
         metrics = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
         toy_task.save_pretrained_atomic(unwrap(policy), tokenizer, run_dir / "final")
@@ -1395,6 +1410,7 @@ def main(argv=None):
                    "steps": args.steps,
                    "eval_problems": len(eval_tasks), "wall_seconds": time.time() - wall_start,
                    "step_seconds": {k: v / n_steps for k, v in phase_totals.items()},
+                   "eval_seconds": eval_seconds,
                    "final_reward_10": float(np.mean([m["reward"] for m in metrics[-10:]])),
                    "final_prm_accuracy_10": _nanmean([m["prm_accuracy"] for m in metrics[-10:]]),
                    "final_prm_localization_10": _nanmean([m.get("prm_localization") for m in metrics[-10:]])}

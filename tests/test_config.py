@@ -89,6 +89,17 @@ def test_train_accepts_the_edge_values(flags):
     train.parse_args(flags)
 
 
+@pytest.mark.parametrize("flags, warned", [
+    (["--filter-low", "0", "--filter-high", "1", "--policy-lr", "1e-4"], True),
+    (["--filter-low", "0", "--filter-high", "1", "--policy-lr", "3e-5"], False),  # the slower lr held
+    (["--policy-lr", "1e-4"], False),  # PRIME's filter: the guard the study found
+    (["--filter-low", "0", "--filter-high", "1", "--policy-lr", "1e-4", "--process", "none"], False),
+])
+def test_implicit_rewards_without_the_filter_at_a_high_lr_warn(flags, warned, capsys):
+    train.parse_args(flags)
+    assert ("without PRIME's filter collapsed" in capsys.readouterr().out) == warned
+
+
 def test_train_cli_exit_code_and_no_traceback(tmp_path):
     for flags in (["--prompts-per-step", "0"], ["--temperature", "0"], ["--data", "/nonexistent.jsonl"]):
         proc = subprocess.run([sys.executable, str(REPO / "train.py"), *flags, "--out-dir", str(tmp_path)],

@@ -197,10 +197,15 @@ def test_torchrun_two_ranks_each_with_its_engine(vllm, sft_path, tmp_path):
     assert [m["kept_groups_per_rank"] for m in metrics] == [[4, 4], [4, 4]]
 
 
-def test_rollout_flag_and_its_default(monkeypatch):
-    assert train.parse_args(["--rollout", "vllm"]).rollout == "vllm"
-    assert train.parse_args(["--rollout", "hf"]).rollout == "hf"
+def test_rollout_flag_and_its_default(monkeypatch, capsys):
     import importlib.util
+    assert train.parse_args(["--rollout", "hf"]).rollout == "hf"
+    if importlib.util.find_spec("vllm"):
+        assert train.parse_args(["--rollout", "vllm"]).rollout == "vllm"
+    else:  # the quickstart's install: the flag is refused with what to do, before anything loads
+        with pytest.raises(SystemExit):
+            train.parse_args(["--rollout", "vllm"])
+        assert "--rollout vllm: vLLM is not installed" in capsys.readouterr().err
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert train.default_rollout() == "hf"  # vLLM on CPU is slower than HF generate for small models
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

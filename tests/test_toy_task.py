@@ -1,6 +1,7 @@
 """The embedded task: the noisy demonstrator, the chain lengths, and the diagnostics built on the exact
 step checker (first wrong step, localisation), with values worked out by hand."""
 
+import json
 import random
 
 import pytest
@@ -144,3 +145,58 @@ def test_step_localization_with_one_step_and_an_empty_batch():
     assert step_prm.step_localization(torch.tensor([[0.3, -0.2]]), torch.tensor([[0, 0]]), torch.tensor([0])) == (1, 1)
     empty = torch.zeros(0, 4)
     assert step_prm.step_localization(empty, empty.long(), torch.zeros(0, dtype=torch.long)) == (0, 0)
+
+
+# --- the shipped SFT checkpoints (checkpoints/, SHA256SUMS) -----------------------------------------
+
+
+def test_every_shipped_checkpoint_matches_its_hash_and_loads():
+    """Every machine starts RL from the same bytes: the recipe's checkpoints ship in the repository."""
+    from transformers import AutoModelForCausalLM
+    hashes = toy_task.shipped_hashes()
+    assert toy_task.checkpoint_name(toy_task.SFT_STEPS, 0, toy_task.DEFAULT_OPS, toy_task.DEFAULT_SLIP) in hashes
+    for name, digest in hashes.items():
+        path = toy_task.SHIPPED / name
+        assert toy_task.folder_hash(path) == digest, name
+        info = json.loads((path / "extra.json").read_text())["sft"]
+        assert name == toy_task.checkpoint_name(info["steps"], info["seed"], tuple(info["ops"]), info["slip"])
+        AutoModelForCausalLM.from_pretrained(path)
+
+
+def test_sft_checkpoint_returns_the_shipped_folder_without_training(tmp_path):
+    path = toy_task.sft_checkpoint(tmp_path, 0, log=lambda m: pytest.fail(f"trained: {m}"))
+    assert path.parent == toy_task.SHIPPED and not any(tmp_path.iterdir())
+
+
+def test_a_changed_shipped_checkpoint_is_an_error_naming_the_rebuild_command(tmp_path, monkeypatch):
+    import shutil
+    name = toy_task.checkpoint_name(toy_task.SFT_STEPS, 0, toy_task.DEFAULT_OPS, toy_task.DEFAULT_SLIP)
+    copy = tmp_path / "checkpoints"
+    shutil.copytree(toy_task.SHIPPED, copy)
+    monkeypatch.setattr(toy_task, "SHIPPED", copy)
+    assert toy_task.sft_checkpoint(tmp_path / "cache", 0) == copy / name  # an exact copy passes
+    config = copy / name / "config.json"
+    config.write_text(config.read_text().replace('"num_hidden_layers": 3', '"num_hidden_layers": 2'))
+    with pytest.raises(SystemExit, match="toy_task.py --ops 3-6 --slip 0.15 --steps 3000"):
+        toy_task.sft_checkpoint(tmp_path / "cache", 0)
+
+
+def test_the_default_start_writes_the_format_and_gets_the_arithmetic_right(tmp_path):
+    """The start the README's figures begin from: greedy >= 0.95 on the 200 held-out problems
+    (eval.py's toy benchmark, train.py's held-out set)."""
+    import eval
+    report = eval.main(["--model", str(toy_task.sft_checkpoint(toy_task.SHIPPED, 0)), "--benchmarks", "toy",
+                        "--greedy", "--out", str(tmp_path / "eval.json")])
+    assert report["benchmarks"]["toy"]["pass@1"] >= 0.95
+
+
+def test_a_fixed_length_sft_is_deterministic_and_uncached_settings_train_into_the_cache(tmp_path):
+    logs = []
+    first = toy_task.sft_checkpoint(tmp_path / "a", 3, ops=(2, 3), log=logs.append)
+    second = toy_task.sft_checkpoint(tmp_path / "b", 3, ops=(2, 3), log=logs.append)
+    assert first.parent == tmp_path / "a" and len(logs) > 2
+    # the same weights (extra.json records the seconds each build took, so the folders differ there)
+    assert (first / "model.safetensors").read_bytes() == (second / "model.safetensors").read_bytes()
+    count = len(logs)
+    assert toy_task.sft_checkpoint(tmp_path / "a", 3, ops=(2, 3), log=logs.append) == first
+    assert len(logs) == count  # cached: not trained again

@@ -46,7 +46,7 @@ def test_default_run_end_to_end(cache_dir, tmp_path):
         assert key in summary
     # sampled accuracy: 16 problems x 4 samples, so a multiple of 1/64
     assert (summary["start_sampled_accuracy"] * 64) == pytest.approx(round(summary["start_sampled_accuracy"] * 64))
-    assert set(summary["step_seconds"]) == {"rollout", "verify", "prm", "policy", "other"}
+    assert set(summary["step_seconds"]) == {"rollout", "verify", "prm", "policy", "eval", "other"}
     metrics = metrics_of(run)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(0.0 <= m["reward"] <= 1.0 for m in metrics)
@@ -282,8 +282,8 @@ def test_verl_parquet_and_jsonl_rows_become_tasks(tmp_path):
     assert tasks[0].answer == "8" and tokenizer.decode(tasks[0].prompt_ids) == "2*4=\n"
 
 
-# The embedded teacher is an SFT on the clean demonstrator (no slips), a model of its own: a short one here
-TEACHER = ["--teacher-sft-steps", "100"]
+# The embedded teacher is an SFT on the clean demonstrator (no slips), a model of its own: the shipped one
+TEACHER = ["--teacher-sft-steps", str(toy_task.TEACHER_SFT_STEPS)]
 
 
 @pytest.mark.parametrize("flags", [
