@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import pyarrow.parquet as pq
+
 import toy_task
 import verify
 
@@ -53,7 +55,6 @@ def read_rows(path: str | Path, flag: str = "--data") -> list[dict]:
                         raise SystemExit(f"{flag} {path}: line {n} is not JSON ({e})") from None
         return rows
     if p.suffix == ".parquet":
-        import pyarrow.parquet as pq
         return pq.read_table(p).to_pylist()
     if p.suffix == ".json":  # {"problem": {"0": ..., "1": ...}, "expected_answer": {...}, ...}
         columns = json.loads(p.read_text(encoding="utf-8"))
@@ -238,7 +239,7 @@ BENCHMARKS = {
     "prime_math500": Benchmark("prime_eval/math_test_cleaned.json", "problem",
                                lambda row: str(row["expected_answer"]), 500),
     # The embedded default's held-out problems, the ones train.py reports start/end accuracy on.
-    "toy": Benchmark("", "prompt", lambda row: row["answer"], TOY_PROBLEMS, max_new_tokens=48,
+    "toy": Benchmark("", "prompt", lambda row: row["answer"], TOY_PROBLEMS, max_new_tokens=96,
                      templated=False),
 }
 

@@ -27,7 +27,7 @@ Protocols of the papers (pick the flags accordingly):
       bootstrap resamples of whole problems (`--n 16 --max-new-tokens 2048`; the paper used n = 32
       to 128 at T = 1.0, top-p 0.95).
     - Default here: n = 16 samples at T = 0.6, top-p 0.95, and a 3072-token cap (the paper's training
-      response length); 48 tokens for the toy task (train.py's --max-response-len).
+      response length); 96 tokens for the toy task (train.py's --max-response-len).
 
 Default benchmarks: `toy` when the tokenizer has no chat template (the embedded model), otherwise
 the six math benchmarks. `--limit N` keeps the first N problems of each (quick checks).
@@ -43,18 +43,29 @@ Simplifications relative to the papers' evaluation code:
 """
 
 import argparse
-import json
+import importlib.util
 import math
-import os
 import time
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import torch
+import transformers
+from tqdm import tqdm
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-import verify
-from data import BENCHMARKS, DATA_DIR, MATH_BENCHMARKS, Item, build_prompt, check_benchmark_names, load_benchmark
-from rollout import HFRollout, VLLMRollout
+matplotlib.use("Agg")  # files only: no display needed
+import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
+from matplotlib.patches import Rectangle  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+import verify  # noqa: E402
+from data import (BENCHMARKS, DATA_DIR, MATH_BENCHMARKS, Item, Task, build_prompt,  # noqa: E402
+                  check_benchmark_names, load_benchmark)
+from ddp import Dist, all_reduce, unwrap  # noqa: E402
+from rollout import HFRollout, VLLMRollout  # noqa: E402
+from runlog import moving_average, read_jsonl, read_run, save_figure, write_json  # noqa: E402
 
 BOOTSTRAP_RESAMPLES = 2000  # as PASS's Table 6: 2000 resamples of whole problems
 BOOTSTRAP_SEED = 0
@@ -109,8 +120,6 @@ def bootstrap_interval(values, resamples: int = BOOTSTRAP_RESAMPLES, seed: int =
 
 
 def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
     if not Path(path).exists() and "/" not in path:
         raise SystemExit(f"--model {path}: no such local path (and not a hub name like org/model)")
     try:
@@ -124,8 +133,6 @@ def load_tokenizer(path: str):
 
 def load_model(path: str):
     """The policy in bf16 on a GPU (what vLLM would run) or fp32 on CPU (bf16 matmuls are slow there)."""
-    from transformers import AutoModelForCausalLM
-
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
@@ -144,7 +151,6 @@ def make_sampler(args, tokenizer, max_new_tokens: int):
     (HF reseeds before each one)."""
     if args.rollout == "hf":
         return HFRollout(load_model(args.model), tokenizer, max_new_tokens, args.temperature, args.top_p)
-    from transformers import AutoConfig
     on_gpu = torch.cuda.is_available()
     return VLLMRollout(args.model, tokenizer, max_new_tokens, args.temperature, args.top_p,
                        max_model_len=AutoConfig.from_pretrained(args.model).max_position_embeddings,
@@ -155,6 +161,47 @@ def make_sampler(args, tokenizer, max_new_tokens: int):
 # ---------------------------------------------------------------------------------------------------
 # Evaluation of one benchmark
 # ---------------------------------------------------------------------------------------------------
+
+
+def sample_and_score(sampler, prompt_ids: list[list[int]], answers: list[str], kinds: list[str], n: int = 1,
+                     greedy: bool = False, math_grader: str = "math-verify"):
+    """n responses per prompt (greedy: one), each scored against its problem's answer by verify.py:
+    (rollout, texts, scores), the n samples of a prompt in consecutive rows. The one evaluator behind
+    both the benchmarks (`evaluate`) and train.py's held-out accuracy (`heldout_accuracy`)."""
+    rollout = sampler.generate(prompt_ids, n=n, greedy=greedy)
+    texts = sampler.decode(rollout)
+    scores = verify.score_batch(texts, [a for a in answers for _ in range(n)], [k for k in kinds for _ in range(n)],
+                                math_grader=math_grader)
+    return rollout, texts, scores
+
+
+def heldout_accuracy(model, tokenizer, tasks: list[Task], args, d: Dist, samples: int = 0) -> float:
+    """train.py's held-out accuracy, each rank scoring its share: greedy (samples = 0), or the mean
+    reward of `samples` responses per problem at the training temperature and top-p (`args` is
+    train.py's config.Args).
+
+    Where the model's mode is right and its slips live in the sampling distribution (the embedded
+    noisy demonstrator), the sampled accuracy is the one RL moves. Sampling draws from a forked RNG
+    with a fixed seed: evaluating never shifts the training's random stream, and every evaluation of a
+    run (and every run of a seed) uses the same random numbers."""
+    mine, n = tasks[d.rank::d.world], max(samples, 1)
+    correct = 0.0
+    if mine:
+        with torch.random.fork_rng(devices=[d.device] if d.device.type == "cuda" else []):
+            torch.manual_seed(args.seed * 7919 + d.rank)
+            sampler = HFRollout(unwrap(model), tokenizer, args.max_response_len, args.temperature, args.top_p)
+            _, _, scores = sample_and_score(sampler, [t.prompt_ids for t in mine], [t.answer for t in mine],
+                                            [t.kind for t in mine], n, greedy=not samples,
+                                            math_grader=args.math_grader)
+        correct = sum(s.reward for s in scores) / n
+    total, count = all_reduce([correct, len(mine)], d)
+    return total / max(count, 1)
+
+
+def heldout_metrics(model, tokenizer, tasks: list[Task], args, d: Dist) -> dict:
+    """{"greedy": accuracy, "sampled": mean accuracy of --eval-samples responses per problem}."""
+    return {"greedy": heldout_accuracy(model, tokenizer, tasks, args, d),
+            "sampled": heldout_accuracy(model, tokenizer, tasks, args, d, args.eval_samples)}
 
 
 def evaluate(name: str, items: list[Item], sampler, tokenizer, n: int, greedy: bool,
@@ -174,8 +221,6 @@ def evaluate(name: str, items: list[Item], sampler, tokenizer, n: int, greedy: b
     problem, its gold, its number of correct responses, every response's boxed answer, and the
     first response in full.
     """
-    from tqdm import tqdm
-
     bench = BENCHMARKS[name]
     prompts = [build_prompt(tokenizer, item.question, bench.templated, system_prompt) for item in items]
     torch.manual_seed(seed)  # each benchmark's samples do not depend on which benchmarks ran before
@@ -185,11 +230,9 @@ def evaluate(name: str, items: list[Item], sampler, tokenizer, n: int, greedy: b
     with tqdm(total=len(items), desc=name, unit="problem", dynamic_ncols=True) as bar:
         for first in range(0, len(items), per_call):
             chunk = items[first:first + per_call]
-            rollout = sampler.generate([ids for ids, _ in prompts[first:first + per_call]], n=n,
-                                       greedy=greedy)
-            texts = sampler.decode(rollout)
-            scores = verify.score_batch(texts, [item.gold for item in chunk for _ in range(n)],
-                                        ["math"] * len(texts), math_grader=math_grader)
+            rollout, texts, scores = sample_and_score(sampler, [ids for ids, _ in prompts[first:first + per_call]],
+                                                      [item.gold for item in chunk], ["math"] * len(chunk), n,
+                                                      greedy, math_grader)
             for j, item in enumerate(chunk):  # rows j*n .. j*n+n-1 are this problem's samples
                 group = scores[j * n:(j + 1) * n]
                 correct.append(sum(s.reward == 1.0 for s in group))
@@ -239,41 +282,17 @@ def format_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write to a temporary file, then rename: a crash never leaves half a results file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-
-
 # ---------------------------------------------------------------------------------------------------
 # Plots: compare runs the way the papers' Figs. 3-5 do
 # ---------------------------------------------------------------------------------------------------
 
 
-def moving_average(values: list[float], window: int = 10) -> list[float]:
-    """Trailing mean over the last `window` steps, NaNs (steps without a value) skipped; defined
-    from the first step on, so short runs get a curve too.  [1, 2, 3, 4], window 2 -> [1, 1.5, 2.5, 3.5]."""
-    out = []
-    for i in range(len(values)):
-        recent = [v for v in values[max(0, i - window + 1):i + 1] if not math.isnan(v)]
-        out.append(sum(recent) / len(recent) if recent else math.nan)
-    return out
-
-
 def load_run(run_dir: str | Path) -> dict:
-    """A run folder's metrics.jsonl (one dict per step) and summary.json (may be absent mid-run)."""
-    run_dir = Path(run_dir)
-    metrics_path = run_dir / "metrics.jsonl"
-    if not metrics_path.exists():
-        raise SystemExit(f"--plot {run_dir}: no metrics.jsonl there (is it a train.py run folder?)")
-    metrics = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    if not metrics:
-        raise SystemExit(f"--plot {run_dir}: metrics.jsonl is empty")
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    return {"dir": run_dir, "metrics": metrics, "summary": summary}
+    """runlog.read_run for --plot: a run folder with at least one step."""
+    run = read_run(run_dir)
+    if not run["metrics"]:
+        raise SystemExit(f"--plot {run_dir}: no steps in metrics.jsonl (is it a train.py run folder?)")
+    return run
 
 
 def _series(metrics: list[dict], key: str) -> list[float]:
@@ -300,16 +319,11 @@ def plot_episodes(run_dir: str | Path, out: str | Path | None = None) -> Path | 
     coloured by its process reward (Eq. 3's r_phi for PRIME: blue credited, red blamed, the scale
     symmetric around 0 and set by the largest |r| shown), the steps' sums at the right, and the first
     step the exact checker marks wrong boxed. Read from episodes.jsonl; None if it has no episode."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
     run_dir = Path(run_dir)
     path = run_dir / "episodes.jsonl"
     if not path.exists():
         raise SystemExit(f"--episodes {run_dir}: no episodes.jsonl (is it a train.py run folder?)")
-    episodes = pick_episodes([json.loads(l) for l in path.read_text().splitlines() if l.strip()])
+    episodes = pick_episodes(read_jsonl(path))
     if not episodes:
         return None
     vmax = max(max((abs(r) for r in e["reward"]), default=0.0) for e in episodes) or 1.0
@@ -359,27 +373,21 @@ def plot_episodes(run_dir: str | Path, out: str | Path | None = None) -> Path | 
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(-vmax, vmax))
     fig.colorbar(sm, ax=ax, fraction=0.02, pad=0.01, label="process reward per token")
     ax.set_title(f"{run_dir.name}: per-token process rewards, early and late episodes", fontsize=10)
-    out = Path(out) if out else run_dir / "episodes.png"
-    tmp = out.with_name(out.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    out = save_figure(fig, Path(out) if out else run_dir / "episodes.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
-    os.replace(tmp, out)
     return out
 
 
 def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
-    """One PNG, six panels, one colour per run:
-      outcome training reward, raw and 10-step moving average  (PRIME Fig. 3a, 4a)
-      held-out accuracy: per-step values where logged, summary start (step 0) and end    (Fig. 3b)
-      PRM pairwise classification accuracy, raw and smoothed                              (Fig. 5)
-      response length (tokens), raw and smoothed
-      seconds per step, raw and smoothed; and the mean split into phases as stacked bars (Table 2)
+    """One PNG, six panels, one colour per run (train.py draws a run's own curves.png with it):
+      outcome training reward, raw and 10-step moving average                  (PRIME Fig. 3a, 4a)
+      held-out accuracy, sampled (solid) and greedy (dashed): the start (step 0), every
+        --eval-every steps, the end                                             (Fig. 3b)
+      PRM pairwise classification accuracy                                      (Fig. 5)
+      localisation: the most blamed step is the first wrong one (embedded task)
+      response length (tokens)
+      mean seconds per step, split into train.py's phases, as stacked bars     (Table 2)
     """
-    import matplotlib
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
     runs = [load_run(d) for d in run_dirs]
     names = [r["dir"].name for r in runs]
     if len(set(names)) < len(names):  # runs/A and other/A: the full paths tell them apart
@@ -388,28 +396,25 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
     fig, axes = plt.subplots(2, 3, figsize=(17, 8.5))
     curves = [(axes[0, 0], "reward", "outcome training reward"),
               (axes[0, 2], "prm_accuracy", "PRM pairwise accuracy"),
-              (axes[1, 0], "response_length", "response length (tokens)"),
-              (axes[1, 1], "step_seconds", "seconds per step")]
+              (axes[1, 0], "prm_localization", "first wrong step = most blamed step"),
+              (axes[1, 1], "response_length", "response length (tokens)")]
     for i, (run, name) in enumerate(zip(runs, names)):
         colour = colours[i % len(colours)]
-        metrics = run["metrics"]
+        metrics, summary = run["metrics"], run["summary"]
         steps = [m["step"] for m in metrics]
-        for m in metrics:
-            m["step_seconds"] = sum(m["time"].values()) if m.get("time") else None
         for ax, key, _ in curves:
             values = _series(metrics, key)
             ax.plot(steps, values, color=colour, alpha=0.3, linewidth=1)
             ax.plot(steps, moving_average(values), color=colour, label=f"{name} (10-step mean)")
-        # held-out accuracy: per-step points where train.py logged them, plus the summary's ends
-        ax = axes[0, 1]
-        logged = [(m["step"], m["heldout_accuracy"]) for m in metrics if m.get("heldout_accuracy") is not None]
-        if logged:
-            ax.plot(*zip(*logged), "o-", color=colour, label=f"{name} (logged)")
-        summary = run["summary"]
-        ends = [(s, summary[key]) for s, key in ((0, "start_accuracy"), (steps[-1], "end_accuracy"))
-                if summary.get(key) is not None]
-        if ends:
-            ax.plot(*zip(*ends), "s--", color=colour, markerfacecolor="none", label=f"{name} (start/end)")
+        # held-out accuracy: the summary's start (step 0), the logged steps, the summary's end
+        for kind, key, start, end, style in (("sampled", "heldout_sampled_accuracy", "start_sampled_accuracy",
+                                              "end_sampled_accuracy", "o-"),
+                                             ("greedy", "heldout_accuracy", "start_accuracy", "end_accuracy", "s--")):
+            points = [(0, summary.get(start))] + [(m["step"], m.get(key)) for m in metrics] + \
+                     [(steps[-1], summary.get(end))]
+            points = [(x, y) for x, y in points if y is not None]
+            if points:
+                axes[0, 1].plot(*zip(*points), style, color=colour, label=f"{name} ({kind})")
         # mean seconds per step, split into train.py's phases (PRIME Table 2)
         timed = [m["time"] for m in metrics if m.get("time")]
         left = 0.0
@@ -420,7 +425,7 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
             left += seconds
     for ax, _, title in curves:
         ax.set_title(f"{title} (faint: per step)")
-    axes[0, 1].set_title("held-out accuracy (greedy)")
+    axes[0, 1].set_title("held-out accuracy")
     axes[1, 2].set_title("mean seconds per step, by phase")
     axes[1, 2].set_xlabel("seconds")
     for ax in axes.flat:
@@ -431,12 +436,8 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".tmp{os.getpid()}-{out.name}")  # same suffix: matplotlib picks the format by it
-    fig.savefig(tmp, dpi=100)
+    out = save_figure(fig, out, dpi=100)
     plt.close(fig)
-    os.replace(tmp, out)
     return out
 
 
@@ -457,7 +458,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (ignored with --greedy)")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (ignored with --greedy)")
     p.add_argument("--max-new-tokens", type=int, default=0,
-                   help="generation cap; 0 = the benchmarks' default (3072; 48 for toy)")
+                   help="generation cap; 0 = the benchmarks' default (3072; 96 for toy)")
     p.add_argument("--limit", type=int, default=0, help="evaluate only the first N problems of each benchmark")
     p.add_argument("--batch-size", type=int, default=256, help="responses per generate call")
     p.add_argument("--system-prompt", default="", help="system message for the chat template, as in training")
@@ -518,7 +519,6 @@ def check_args(args: argparse.Namespace) -> None:
     if not 0 < args.gpu_memory_utilization <= 1:
         raise SystemExit(f"--gpu-memory-utilization {args.gpu_memory_utilization}: must be in (0, 1]")
     if args.rollout == "vllm":
-        import importlib.util
         if importlib.util.find_spec("vllm") is None:
             raise SystemExit("--rollout vllm: vLLM is not installed (pip install -r requirements-vllm.txt), "
                              "or use --rollout hf")
@@ -535,7 +535,6 @@ def main(argv=None) -> dict | Path:
         print(f"wrote {out}")
         return out
 
-    import transformers
     transformers.utils.logging.disable_progress_bar()  # one kind of progress bar: ours
     names = check_benchmark_names(args.benchmarks) if args.benchmarks else None
     tokenizer = load_tokenizer(args.model)
@@ -561,7 +560,7 @@ def main(argv=None) -> dict | Path:
         "benchmarks": results,
     }
     out = Path(args.out) if args.out else (Path(args.model) if Path(args.model).is_dir() else Path(".")) / "eval.json"
-    write_json_atomic(out, report)
+    write_json(out, report, indent=1)
     decoding = "greedy" if args.greedy else f"n={args.n}, T={args.temperature}, top-p={args.top_p}"
     print(f"\n{args.model} ({decoding}, max {max_new_tokens} new tokens; percent)")
     print(format_table(results))

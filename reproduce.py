@@ -5,9 +5,6 @@
     python reproduce.py estimators             # REINFORCE / GRPO / PPO / RLOO with and without process rewards (Fig. 7)
     python reproduce.py pass                   # GRPO outcome-only vs PASS, implicit PRM and exact step checker (PASS Table 1)
     python reproduce.py timing                 # step-time split, PRIME vs RLOO (Table 2)
-    python reproduce.py credit                 # the credit-assignment study: when do dense rewards pay off?
-    python reproduce.py credit --settings sparse --arms outcome-nf step-nf   # a part of it
-    python reproduce.py credit --settings sparser --arms outcome-nf step-nf-gamma --tag gamma   # its own plot
     python reproduce.py all                    # everything above (each run once; arms are shared)
     python reproduce.py all --report-only      # redraw plots and tables from the finished runs
     python reproduce.py prime-vs-rloo --seeds 1 2 --steps 40 --jobs 1
@@ -19,24 +16,31 @@ where it stopped; an interrupted run restarts from its own last checkpoint (trai
 better on one thread each than two runs fighting over both cores).
 
 Output: one PNG per comparison and results.json in --figures (default docs/figures/), and a
-Markdown table per comparison on the terminal (docs/REPRODUCTION.md quotes them). The credit study
-keeps its per-seed numbers in credit.json there: an arm whose outcome-only baseline or checker has no
-runs in --out (runs made on another machine) is compared with the numbers recorded for them. Every number is
-what the runs printed; nothing is smoothed except the plotted moving averages, which say so.
+Markdown table per comparison on the terminal (docs/REPRODUCTION.md quotes them). Every number is
+what the runs printed; nothing is smoothed except the plotted moving averages, which say so. The
+credit-assignment study, research beyond the papers' comparisons, is credit_study.py (it uses this
+file's runner).
 """
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 
-import toy_task
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
+
+import runlog  # noqa: E402
+from config import parse_args as parse_train_args  # noqa: E402
+from runlog import moving_average, nanmean  # noqa: E402
 
 REPO = Path(__file__).resolve().parent
 
@@ -67,311 +71,6 @@ COMPARISONS = {
 }
 
 
-# ---------------------------------------------------------------------------------------------------
-# The credit-assignment study: along a dial of task settings, outcome-only RLOO vs the exact step
-# checker (a perfect process signal) vs the implicit PRM, under several advantage constructions.
-# ---------------------------------------------------------------------------------------------------
-
-# The dial: chain length and the SFT demonstrator's slip rate. Longer chains and more slips make a
-# correct answer rarer (sparser outcomes: fewer prompt groups with both right and wrong responses).
-# Each setting has its own SFT checkpoint, trained to convergence like the default's.
-# The sparse settings' first runs were made before --loss-mean global became the default, with the
-# official mean of micro-batch means; their later runs keep that loss, so that all arms compare.
-MICRO = ["--loss-mean", "micro"]
-SETTINGS = {
-    "short": ["--toy-ops", "2-4"],                         # slip 0.15: most groups mixed or all right
-    "default": [],                                          # 3-6 operations, slip 0.15: the README's run
-    "sparse": ["--toy-ops", "6-8", "--toy-slip", "0.25", *MICRO],   # the first trials' sparse setting
-    # With the SFT trained to convergence, 6-8 operations at slip 0.25 still start at ~0.11 sampled
-    # accuracy with ~17 of 32 groups mixed: not sparse. Longer chains, more slips, more tokens:
-    "sparser": ["--toy-ops", "8-10", "--toy-slip", "0.3", "--max-response-len", "128", *MICRO],
-}
-NO_FILTER = ["--filter-low", "0", "--filter-high", "1"]  # all-wrong groups stay: they can carry a process signal
-MIXED = [*NO_FILTER, "--prm-groups", "mixed"]  # ...but the implicit PRM learns from the mixed groups only
-# Each arm: flags, the outcome-only arm its gain is measured against (same filter, same lr), and the
-# exact-checker arm whose gain it is compared with (same advantage construction where one was run).
-CREDIT_ARMS = {
-    "outcome": dict(flags=["--process", "none"], baseline="outcome", checker="step"),
-    "step": dict(flags=["--process", "step"], baseline="outcome", checker="step"),
-    "implicit": dict(flags=[], baseline="outcome", checker="step"),
-    "outcome-nf": dict(flags=["--process", "none", *NO_FILTER], baseline="outcome-nf", checker="step-nf"),
-    "step-nf": dict(flags=["--process", "step", *NO_FILTER], baseline="outcome-nf", checker="step-nf"),
-    "implicit-nf": dict(flags=NO_FILTER, baseline="outcome-nf", checker="step-nf"),
-    "implicit-nf-mixed": dict(flags=MIXED, baseline="outcome-nf", checker="step-nf"),
-    "implicit-nf-mixed-warm": dict(flags=[*MIXED, "--prm-warmup-steps", "20"], baseline="outcome-nf",
-                                   checker="step-nf"),
-    "implicit-nf-mixed-prmlr": dict(flags=[*MIXED, "--prm-lr", "1e-3"], baseline="outcome-nf", checker="step-nf"),
-    "implicit-nf-mixed-k8": dict(flags=[*MIXED, "--n-samples", "8", "--prompts-per-step", "16"],
-                                 baseline="outcome-nf", checker="step-nf"),
-    # The batch normaliser (the largest |return-to-go| in the batch) is set by the one most extreme
-    # response; in the sparse settings it is ~15x a typical response's own, which squashes the
-    # implicit rewards. --process-norm beta feeds the raw beta x log-ratio instead (paper Eq. 3).
-    "implicit-nf-mixed-raw": dict(flags=[*MIXED, "--process-norm", "beta"], baseline="outcome-nf", checker="step-nf"),
-    "step-nf-gamma": dict(flags=["--process", "step", *NO_FILTER, "--gamma", "0.9"], baseline="outcome-nf",
-                          checker="step-nf"),
-    "step-nf-grpo": dict(flags=["--process", "step", "--estimator", "grpo", *NO_FILTER], baseline="outcome-nf",
-                         checker="step-nf"),
-    "step-nf-pass": dict(flags=["--process", "step", "--estimator", "pass", *NO_FILTER], baseline="outcome-nf",
-                         checker="step-nf"),
-    # The control for gamma 0.9: outcome-only with it (the outcome's return then fades from the last
-    # token back, 0.9^k for k tokens before it: the discount alone, with no process signal)
-    "outcome-nf-gamma": dict(flags=["--process", "none", *NO_FILTER, "--gamma", "0.9"], baseline="outcome-nf",
-                             checker="step-nf-gamma"),
-    # The implicit PRM under the construction that helped the checker most (gamma 0.9, sparser setting)
-    "implicit-nf-mixed-gamma": dict(flags=[*MIXED, "--gamma", "0.9"], baseline="outcome-nf", checker="step-nf-gamma"),
-    "outcome-nf-lr1e-4": dict(flags=["--process", "none", *NO_FILTER, "--policy-lr", "1e-4"],
-                              baseline="outcome-nf-lr1e-4", checker="step-nf-lr1e-4"),
-    "step-nf-lr1e-4": dict(flags=["--process", "step", *NO_FILTER, "--policy-lr", "1e-4"],
-                           baseline="outcome-nf-lr1e-4", checker="step-nf-lr1e-4"),
-    "implicit-nf-mixed-lr1e-4": dict(flags=[*MIXED, "--policy-lr", "1e-4"], baseline="outcome-nf-lr1e-4",
-                                     checker="step-nf-lr1e-4"),
-    # The first trials' greedy collapse: outcome-only with PRIME's filter (few groups kept) at lr 1e-4;
-    # and the three signals with the filter at that lr.
-    "outcome-lr1e-4": dict(flags=["--process", "none", "--policy-lr", "1e-4"], baseline="outcome-lr1e-4",
-                           checker="step-lr1e-4"),
-    "step-lr1e-4": dict(flags=["--process", "step", "--policy-lr", "1e-4"], baseline="outcome-lr1e-4",
-                        checker="step-lr1e-4"),
-    "implicit-lr1e-4": dict(flags=["--policy-lr", "1e-4"], baseline="outcome-lr1e-4", checker="step-lr1e-4"),
-    # A tiny batch (8 prompts: 2-4 groups kept by the filter), the first trials' collapse regime, at both lrs.
-    "outcome-tiny": dict(flags=["--process", "none", "--prompts-per-step", "8"], baseline="outcome-tiny",
-                         checker="step"),
-    "outcome-tiny-lr1e-4": dict(flags=["--process", "none", "--prompts-per-step", "8", "--policy-lr", "1e-4"],
-                                baseline="outcome-tiny", checker="step"),
-}
-CREDIT_LABELS = {
-    "outcome": "outcome-only RLOO", "step": "RLOO + exact step checker", "implicit": "PRIME (RLOO + implicit PRM)",
-    "outcome-nf": "outcome-only RLOO, no filter", "step-nf": "RLOO + step checker, no filter",
-    "implicit-nf": "PRIME, no filter", "implicit-nf-mixed": "PRIME, no filter, PRM on mixed groups",
-    "implicit-nf-mixed-warm": "... + PRM warmed up offline (20 batches)",
-    "implicit-nf-mixed-prmlr": "... + PRM lr 1e-3", "implicit-nf-mixed-k8": "... + 8 samples x 16 prompts",
-    "implicit-nf-mixed-raw": "... + raw rewards (--process-norm beta)",
-    "step-nf-gamma": "RLOO + step checker, no filter, gamma 0.9", "step-nf-grpo": "GRPO + step checker, no filter",
-    "step-nf-pass": "PASS + step checker, no filter",
-    "implicit-nf-mixed-gamma": "PRIME, no filter, PRM on mixed, gamma 0.9",
-    "outcome-nf-gamma": "outcome-only RLOO, no filter, gamma 0.9",
-    "outcome-nf-lr1e-4": "outcome-only RLOO, no filter, lr 1e-4", "step-nf-lr1e-4": "step checker, no filter, lr 1e-4",
-    "implicit-nf-mixed-lr1e-4": "PRIME, no filter, PRM on mixed, lr 1e-4",
-    "outcome-lr1e-4": "outcome-only RLOO, lr 1e-4", "step-lr1e-4": "RLOO + step checker, lr 1e-4",
-    "implicit-lr1e-4": "PRIME, lr 1e-4", "outcome-tiny": "outcome-only RLOO, 8 prompts a step",
-    "outcome-tiny-lr1e-4": "outcome-only RLOO, 8 prompts a step, lr 1e-4",
-}
-# What `python reproduce.py credit` runs in each setting (3 seeds each); the rest of CREDIT_ARMS are
-# there to be run with --arms. The dense settings get the three process sources with PRIME's filter;
-# the sparse one, where the first trials found a lead, gets every construction.
-CREDIT = {
-    "short": ["outcome", "step", "implicit"],
-    "default": ["outcome", "step", "implicit", "outcome-lr1e-4", "implicit-lr1e-4"],
-    "sparse": list(CREDIT_ARMS),
-    "sparser": ["outcome-nf", "step-nf", "implicit-nf-mixed", "implicit-nf-mixed-warm", "implicit-nf-mixed-prmlr",
-                "implicit-nf-mixed-k8", "implicit-nf-mixed-raw", "outcome", "step", "implicit", "implicit-nf",
-                "outcome-nf-lr1e-4", "step-nf-lr1e-4", "implicit-nf-mixed-lr1e-4", "outcome-lr1e-4", "step-lr1e-4",
-                "implicit-lr1e-4", "outcome-tiny", "outcome-tiny-lr1e-4", "step-nf-gamma", "step-nf-grpo", "step-nf-pass",
-                "outcome-nf-gamma", "implicit-nf-mixed-gamma"],
-}
-
-
-def credit_runs(settings: list[str], arms: list[str] | None) -> list[tuple[str, str, list[str]]]:
-    """(setting, arm, train.py flags) of every run of the study, in priority order within a seed."""
-    return [(s, a, [*SETTINGS[s], *CREDIT_ARMS[a]["flags"]]) for s in settings for a in (arms or CREDIT[s])]
-
-
-def credit_run_name(setting: str, arm: str) -> str:
-    """A run's folder name; a study run with the same flags as a comparison's arm IS that run (the
-    default setting's outcome-only and PRIME runs are prime-vs-rloo's), so it is not run twice."""
-    flags = [*SETTINGS[setting], *CREDIT_ARMS[arm]["flags"]]
-    return next((name for name, f in ARMS.items() if f == flags), f"credit-{setting}-{arm}")
-
-
-def seeds_apart(higher: list[float], lower: list[float]) -> bool:
-    """Non-overlapping seed ranges: every seed of `higher` above every seed of `lower`."""
-    return bool(higher) and bool(lower) and min(higher) > max(lower)
-
-
-def gap_closed(outcome: float, checker: float, arm: float) -> float | None:
-    """The share of the exact checker's gain over outcome-only that `arm` captures: (arm - outcome) /
-    (checker - outcome). None when the checker does not gain (there is no gap to close)."""
-    gain = checker - outcome
-    return (arm - outcome) / gain if gain > 0 else None
-
-
-def steps_to_reach(runs: list[dict], level: float, window: int) -> list[int | None]:
-    """Sample efficiency, per seed: the first RL step at which the `window`-step moving average of the
-    training reward reaches `level` (e.g. outcome-only's final moving average); full windows only."""
-    out = []
-    for curve in moving_average(series(runs, "reward"), window):
-        hit = first_step_reaching(curve[window - 1:], level)
-        out.append(hit + window - 1 if hit else None)
-    return out
-
-
-def same_seeds(stats: dict, seeds: list[int], key: str = "end_sampled") -> list[float]:
-    """An arm's per-seed `key` (default: end-of-run held-out sampled accuracy) for these seeds, or all
-    of them when it has none of these seeds: an arm run with fewer seeds is compared seed for seed."""
-    picked = [v for s, v in zip(stats["seeds"], stats[key]) if s in seeds]
-    return picked or stats[key]
-
-
-def credit_report(setting: str, arms: list[str], runs: dict, window: int,
-                  recorded: dict | None = None) -> tuple[str, dict]:
-    """The Markdown table of one dial setting and its numbers (mean [min, max] over seeds). An arm's
-    baseline or checker whose runs are not in `runs` is read from `recorded`, the numbers an earlier
-    report kept (credit.json), so that new arms compare with runs made on another machine."""
-    stats = {}
-    for arm in arms:
-        rs = runs[arm]
-        stats[arm] = {"seeds": [r["config"]["seed"] for r in rs],
-                      "start_sampled": [r["summary"]["start_sampled_accuracy"] for r in rs],
-                      "end_sampled": [r["summary"]["end_sampled_accuracy"] for r in rs],
-                      "end_greedy": [r["summary"]["end_accuracy"] for r in rs],
-                      "start_greedy": [r["summary"]["start_accuracy"] for r in rs],
-                      "reward_last": [float(np.mean(c[-window:])) for c in series(rs, "reward")],
-                      "mixed_groups": [float(np.nanmean(c)) for c in series(rs, "mixed_groups")],
-                      "prm_accuracy_last": [_nanmean(c[-window:]) for c in series(rs, "prm_accuracy")],
-                      "localization_last": [_nanmean(c[-window:]) for c in series(rs, "prm_localization")],
-                      "kept_groups": [float(np.nanmean(c)) for c in series(rs, "kept_groups")],
-                      "weight_change": [run_weight_change(r) for r in rs]}
-    lines = [f"| arm | seeds | held-out sampled, start -> end | greedy, start -> end | training reward, last {window} | "
-             f"mixed / kept groups a step | PRM acc. / localisation, last {window} | steps to reach the baseline's final "
-             "reward | gain over outcome-only, same seeds (seeds apart?) | share of the checker's gain | RMS weight change (x 1e-3) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    recorded = recorded or {}
-    for arm in arms:
-        st, spec = stats[arm], CREDIT_ARMS[arm]
-        base = stats.get(spec["baseline"], recorded.get(spec["baseline"]))
-        check = stats.get(spec["checker"], recorded.get(spec["checker"]))
-        gain = share = reach = "n/a"
-        if base is not None and arm != spec["baseline"]:
-            # against the baseline's runs of the same seeds (same RL prompts and start) where it has them
-            b_end = same_seeds(base, st["seeds"])
-            diff = np.mean(st["end_sampled"]) - np.mean(b_end)
-            apart = ("one seed" if min(len(st["end_sampled"]), len(b_end)) < 2 else
-                     "yes" if seeds_apart(st["end_sampled"], b_end) else
-                     "yes, below" if seeds_apart(b_end, st["end_sampled"]) else "no")
-            gain = f"{diff:+.3f} ({apart})"
-            # the baseline's final moving-average reward (reward_last is that average), same seeds
-            level = float(np.mean(same_seeds(base, st["seeds"], "reward_last")))
-            reach = ", ".join(str(x) if x else "never" for x in steps_to_reach(runs[arm], level, window))
-            if check is not None and arm != spec["checker"]:
-                # a share of the checker's gain only where that gain is measured: over all the
-                # checker's and the baseline's seeds, every checker seed above every baseline seed
-                c_end = same_seeds(check, st["seeds"])
-                closed = gap_closed(np.mean(b_end), np.mean(c_end), np.mean(st["end_sampled"]))
-                measured = len(check["end_sampled"]) > 1 and seeds_apart(check["end_sampled"], base["end_sampled"])
-                share = "no measured gap" if closed is None or not measured else f"{closed:.2f}"
-        lines.append(f"| {CREDIT_LABELS[arm]} | {len(st['seeds'])} | {np.mean(st['start_sampled']):.3f} -> "
-                     f"{fmt(st['end_sampled'])} | {np.mean(st['start_greedy']):.2f} -> {fmt(st['end_greedy'], 2)} | "
-                     f"{fmt(st['reward_last'])} | {np.mean(st['mixed_groups']):.1f} / {np.mean(st['kept_groups']):.1f} | "
-                     f"{fmt(st['prm_accuracy_last'], 2)} / {fmt(st['localization_last'], 2)} | {reach} | {gain} | {share} | "
-                     f"{fmt([1e3 * w for w in st['weight_change']], 2)} |")
-    return "\n".join(lines), stats
-
-
-def slipped_lines(response: str) -> list[bool]:
-    """Per line of a toy-task response: a slip, i.e. a line `a op b = c` whose c is not a op b (the
-    demonstrator's kind of error); any other line (the box, text that does not parse) is not."""
-    out = []
-    for line in response.split("\n"):
-        m = toy_task.STEP.fullmatch(line.strip())
-        out.append(bool(m) and int(m[4]) != toy_task.apply(m[2], int(m[1]), int(m[3])))
-    return out
-
-
-def blame_stats(episodes: list[dict], after_step: int) -> dict:
-    """Where a PRM's process reward blames the wrong responses that episodes.jsonl keeps after
-    `after_step`: the line (step_ids) with the most negative summed reward, against the slipped lines.
-    Returns the counts and shares: `first` (that line is the first slip, what prm_localization
-    counts), `any` (it is one of the slips), slips per response, and `normaliser`: the median over
-    responses of raw / received reward on their tokens with |raw| > 0.3, which under
-    --process-norm batch is the batch's largest |return-to-go|, set against `own`, the median of a
-    response's own largest |return-to-go| of the raw reward. And the raw reward summed per line
-    (r_phi before any normalisation): `slip_reward` (mean over slipped lines), `clean_reward` and
-    `clean_sd` (the other lines but the last, the box), and `separation` = (clean - slip) / clean_sd,
-    how many noise widths a slip stands out by."""
-    n = first = anywhere = slips = 0
-    ratios, own, slip_lines, clean_lines = [], [], [], []
-    for e in episodes:
-        if e["step"] <= after_step or e["outcome"] >= 1:
-            continue
-        bad = slipped_lines(e["response"])
-        if not any(bad) or max(e["step_ids"]) + 1 != len(bad):
-            continue
-        sums, raw_sums = [0.0] * len(bad), [0.0] * len(bad)
-        for k, r, raw_r in zip(e["step_ids"], e["process_reward"], e["reward"]):
-            sums[k] += r
-            raw_sums[k] += raw_r
-        for k in range(len(bad) - 1):
-            (slip_lines if bad[k] else clean_lines).append(raw_sums[k])
-        worst = min(range(len(bad)), key=lambda k: sums[k])
-        n, slips = n + 1, slips + sum(bad)
-        first += worst == bad.index(True)
-        anywhere += bad[worst]
-        raw, got = np.array(e["reward"], dtype=float), np.array(e["process_reward"], dtype=float)
-        big = (np.abs(raw) > 0.3) & (got != 0)
-        if big.any():
-            ratios.append(float(np.median(raw[big] / got[big])))
-        own.append(float(np.abs(np.cumsum(raw[::-1])).max()))
-    share = (lambda k: k / n) if n else (lambda k: float("nan"))
-    mean = (lambda x: float(np.mean(x)) if x else float("nan"))
-    clean_sd = float(np.std(clean_lines)) if len(clean_lines) > 1 else float("nan")
-    separation = (mean(clean_lines) - mean(slip_lines)) / clean_sd if clean_sd > 0 else float("nan")
-    return {"responses": n, "slips_per_response": share(slips), "first": share(first), "any": share(anywhere),
-            "normaliser": float(np.median(ratios)) if ratios else float("nan"),
-            "own": float(np.median(own)) if own else float("nan"), "slip_reward": mean(slip_lines),
-            "clean_reward": mean(clean_lines), "clean_sd": clean_sd, "separation": separation}
-
-
-def blame_report(arms: list[str], runs: dict, after_step: int = 60) -> str:
-    """The Markdown table of blame_stats for the seeds' kept wrong responses, per arm with a PRM."""
-    lines = [f"| arm | wrong responses read (steps > {after_step}) | slips per response | most negative line: the first "
-             "slip / any slip | batch normaliser / a response's own largest return-to-go | raw reward of a line: "
-             "slipped / clean (sd) | separation (clean - slip) / sd |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for arm in arms:
-        config = runs[arm][0]["config"]
-        if config.get("process") == "none":  # no process reward to read: skip before any file is read
-            continue
-        episodes = [json.loads(l) for r in runs[arm] if (Path(r["dir"]) / "episodes.jsonl").exists()
-                    for l in (Path(r["dir"]) / "episodes.jsonl").read_text().splitlines() if l.strip()]
-        if not episodes:
-            continue
-        b = blame_stats(episodes, after_step)
-        implicit = config.get("process") == "implicit"
-        norm = f"{b['normaliser']:.1f} / {b['own']:.1f}" if implicit and config.get("process_norm") == "batch" else "n/a"
-        raw = (f"{b['slip_reward']:+.2f} / {b['clean_reward']:+.2f} ({b['clean_sd']:.2f}) | {b['separation']:.1f}"
-               if implicit else "n/a | n/a")
-        lines.append(f"| {CREDIT_LABELS[arm]} | {b['responses']} | {b['slips_per_response']:.2f} | "
-                     f"{b['first']:.2f} / {b['any']:.2f} | {norm} | {raw} |")
-    return "\n".join(lines)
-
-
-def credit_plot(setting: str, arms: list[str], runs: dict, figures: Path, window: int, tag: str = "") -> Path:
-    """Training reward and held-out sampled accuracy of every arm of one setting (band: min..max over seeds)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(17, 4.8), width_ratios=[1.2, 1], layout="constrained")
-    for i, arm in enumerate(arms):
-        style = dict(color=f"C{i % 10}", ls="-" if i < 10 else "--", label=CREDIT_LABELS[arm])
-        x = moving_average(series(runs[arm], "reward"), window)
-        steps = np.arange(1, x.shape[1] + 1)
-        axes[0].plot(steps, np.nanmean(x, 0), **style)
-        axes[0].fill_between(steps, np.nanmin(x, 0), np.nanmax(x, 0), color=style["color"], alpha=0.12)
-        ends = [r["summary"]["end_sampled_accuracy"] for r in runs[arm]]
-        start = np.mean([r["summary"]["start_sampled_accuracy"] for r in runs[arm]])
-        axes[1].errorbar([i], [np.mean(ends)], yerr=[[np.mean(ends) - min(ends)], [max(ends) - np.mean(ends)]],
-                         fmt="o", color=style["color"], capsize=4)
-        axes[1].scatter([i], [start], marker="_", s=200, color="grey")
-    axes[0].set_title(f"{setting}: training reward ({window}-step moving average; band = min..max over seeds)",
-                      fontsize=9)
-    axes[0].set_xlabel("RL step")
-    # many arms: the legend goes beside the curves, not over them
-    axes[0].legend(fontsize=6 if len(arms) > 8 else 7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    axes[1].set_xticks(range(len(arms)), [CREDIT_LABELS[a] for a in arms], rotation=35, ha="right", fontsize=7)
-    axes[1].set_title(f"{setting}: held-out sampled accuracy at the end (dot: mean, bar: min..max over seeds; "
-                      "grey: start)", fontsize=9)
-    return save_figure(fig, figures, f"credit-{setting}-{tag}" if tag else f"credit-{setting}")
-
-
 def finished(run_dir: Path) -> bool:
     """A run is finished once its summary has the end-of-run numbers (the start ones come first)."""
     return (run_dir / "summary.json").exists() and "end_accuracy" in json.loads((run_dir / "summary.json").read_text())
@@ -379,7 +78,7 @@ def finished(run_dir: Path) -> bool:
 
 def load_finished(out: str, name: str, seeds: list[int]) -> list[dict]:
     """The finished runs <out>/<name>-s<seed> of these seeds, loaded."""
-    return [load(d) for d in (Path(out) / f"{name}-s{seed}" for seed in seeds) if finished(d)]
+    return [runlog.read_run(d) for d in (Path(out) / f"{name}-s{seed}" for seed in seeds) if finished(d)]
 
 
 def run_all(jobs: list[tuple], args, what: str) -> None:
@@ -394,22 +93,14 @@ def run_all(jobs: list[tuple], args, what: str) -> None:
 
 def merge_json(path: Path, results: dict) -> None:
     """Update the JSON object at `path` with `results`, written atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(path.read_text()) if path.exists() else {}
-    old.update(results)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(old, indent=1))
-    os.replace(tmp, path)
+    runlog.write_json(path, {**old, **results}, indent=1)
 
 
 def save_figure(fig, figures: Path, name: str) -> Path:
-    import matplotlib.pyplot as plt
-
     if fig.get_layout_engine() is None:  # a figure made with its own layout (constrained) keeps it
         fig.tight_layout()
-    figures.mkdir(parents=True, exist_ok=True)
-    path = figures / f"{name}.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # keeps a legend placed outside the axes
+    path = runlog.save_figure(fig, figures / f"{name}.png", dpi=110, bbox_inches="tight")  # keeps an outside legend
     plt.close(fig)
     return path
 
@@ -426,7 +117,6 @@ def run_arm(arm: str, seed: int, args, threads: int, flags: list[str] | None = N
     if (run_dir / "checkpoint" / "state.pt").exists():
         cmd.append("--resume")
     elif run_dir.exists():  # started but never checkpointed: start again
-        import shutil
         shutil.rmtree(run_dir)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     t = time.time()
@@ -440,51 +130,24 @@ def run_arm(arm: str, seed: int, args, threads: int, flags: list[str] | None = N
     return run_dir
 
 
-def load(run_dir: Path) -> dict:
-    metrics = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
-    return {"metrics": metrics, "summary": json.loads((run_dir / "summary.json").read_text()),
-            "config": json.loads((run_dir / "config.json").read_text()), "dir": run_dir}
-
-
-def weight_change(start: Path, end: Path) -> float:
-    """RMS over every parameter of (end - start), two saved models (model.safetensors). Adam moves
-    each weight by about lr a step in the direction of its gradient's sign, however small or noisy
-    the gradient is; so after n steps a steady direction gives ~n x lr and a random one ~sqrt(n) x lr.
-    The study reads it beside the rewards: how far a run moved, whatever its signal was."""
-    from safetensors.torch import load_file
-    a, b = load_file(str(Path(start) / "model.safetensors")), load_file(str(Path(end) / "model.safetensors"))
-    common = sorted(set(a) & set(b))
-    if not common:
-        raise ValueError(f"weight_change: {start} and {end} share no parameter names")
-    sq = sum(float(((b[k].double() - a[k].double()) ** 2).sum()) for k in common)
-    return (sq / sum(a[k].numel() for k in common)) ** 0.5
-
-
-def run_weight_change(run: dict) -> float:
-    """weight_change from a finished run's starting model (its config's model_path, relative to the
-    folder it ran in, which is this repository for reproduce's runs) to its final/ weights."""
-    start = Path(run["config"]["model_path"])
-    return weight_change(start if start.is_absolute() else REPO / start, Path(run["dir"]) / "final")
-
-
 def series(runs: list[dict], key: str) -> np.ndarray:
     """(seeds, steps) of one metric; None (e.g. no PRM accuracy on a step) becomes NaN."""
     return np.array([[np.nan if m.get(key) is None else m[key] for m in r["metrics"]] for r in runs], dtype=float)
 
 
-def moving_average(x: np.ndarray, window: int) -> np.ndarray:
-    """Trailing mean over the last `window` steps (fewer at the start), NaN-aware; (seeds, steps)."""
-    out = np.full_like(x, np.nan)
-    for t in range(x.shape[1]):
-        chunk = x[:, max(0, t - window + 1):t + 1]
-        with np.errstate(all="ignore"):
-            out[:, t] = np.nanmean(chunk, axis=1)
-    return out
-
-
 def first_step_reaching(curve: np.ndarray, level: float) -> int | None:
     hits = np.nonzero(curve >= level)[0]
     return int(hits[0]) + 1 if len(hits) else None
+
+
+def steps_to_reach(runs: list[dict], level: float, window: int) -> list[int | None]:
+    """Sample efficiency, per seed: the first RL step at which the `window`-step moving average of the
+    training reward reaches `level` (e.g. outcome-only's final moving average); full windows only."""
+    out = []
+    for curve in moving_average(series(runs, "reward"), window):
+        hit = first_step_reaching(curve[window - 1:], level)
+        out.append(hit + window - 1 if hit else None)
+    return out
 
 
 def summarize(arm: str, runs: list[dict], window: int) -> dict:
@@ -499,17 +162,11 @@ def summarize(arm: str, runs: list[dict], window: int) -> dict:
         return {"arm": arm, "seeds": len(runs),
                 "reward_last": [float(np.mean(r[tail])) for r in reward],
                 "reward_first": [float(np.mean(r[:window])) for r in reward],
-                "prm_accuracy_first": [_nanmean(a[:window]) for a in acc],
-                "prm_accuracy_last": [_nanmean(a[tail]) for a in acc],
+                "prm_accuracy_first": [nanmean(a[:window]) for a in acc],
+                "prm_accuracy_last": [nanmean(a[tail]) for a in acc],
                 "start_accuracy": start, "end_accuracy": end,
                 "step_seconds": step_seconds,
                 "wall_seconds": [r["summary"]["wall_seconds"] for r in runs]}
-
-
-def _nanmean(x: np.ndarray) -> float:
-    """Mean of the non-NaN values; NaN (quietly) when there are none, e.g. no PRM in the run."""
-    x = x[~np.isnan(x)]
-    return float(x.mean()) if len(x) else float("nan")
 
 
 def fmt(values, digits=3) -> str:
@@ -532,9 +189,7 @@ def table(rows: list[dict]) -> str:
 
 
 def plot(comparison: str, arms: list[str], runs: dict, figures: Path, window: int) -> Path:
-    import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     keys = [("reward", "outcome training reward")]
     if comparison == "online-vs-offline":
@@ -568,10 +223,9 @@ def plot(comparison: str, arms: list[str], runs: dict, figures: Path, window: in
     return save_figure(fig, figures, comparison)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("comparison", choices=[*COMPARISONS, "credit", "all"],
-                        help="a comparison, the credit-assignment study, or all five comparisons")
+def same_parser(description: str) -> argparse.ArgumentParser:
+    """The flags every study shares (reproduce.py's comparisons, credit_study.py)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=100, help="RL steps of every run")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
@@ -580,20 +234,24 @@ def main(argv=None):
     parser.add_argument("--figures", default="docs/figures", help="where the plots and results.json go")
     parser.add_argument("--window", type=int, default=20, help="steps averaged for 'first'/'last' and the curves")
     parser.add_argument("--report-only", action="store_true", help="only plots and tables from finished runs")
-    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS),
-                        help="credit: the dial settings (default: all)")
-    parser.add_argument("--arms", nargs="+", choices=list(CREDIT_ARMS),
-                        help="credit: run these arms in every chosen setting (default: CREDIT's arms per setting)")
-    parser.add_argument("--tag", default="", help="credit: name the plots credit-<setting>-<tag>.png, so that a "
-                        "plot of a few --arms does not replace the setting's plot of all of them")
-    args, args.train_args = parser.parse_known_args(argv)  # anything else goes to every train.py run
+    return parser
+
+
+def parse_study_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """Parse and check the shared flags; anything the parser does not know goes to every train.py run."""
+    args, args.train_args = parser.parse_known_args(argv)
     for flag, value in (("--steps", args.steps), ("--jobs", args.jobs), ("--window", args.window)):
         if value < 1:
             parser.error(f"{flag} {value}: must be >= 1")
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once")
-    if args.comparison == "credit":
-        return credit_main(args)
+    return args
+
+
+def main(argv=None):
+    parser = same_parser(__doc__)
+    parser.add_argument("comparison", choices=[*COMPARISONS, "all"], help="a comparison, or all five")
+    args = parse_study_args(parser, argv)
     if not args.report_only:  # a bad train.py flag fails now (exit 2), before the SFT or any run
         task = train_config(args.train_args + ["--steps", str(args.steps)])
 
@@ -626,37 +284,6 @@ def main(argv=None):
     merge_json(figures / "results.json", results)
 
 
-def credit_main(args) -> None:
-    """`reproduce.py credit`: run the study's missing runs, then a table and a plot per dial setting."""
-    plan = credit_runs(args.settings, args.arms)
-    if not args.report_only:
-        configs = {(s, a): train_config([*args.train_args, *flags, "--steps", str(args.steps)]) for s, a, flags in plan}
-        for setting in args.settings:  # each setting's SFT checkpoint first, once
-            build_sft(configs[next((s, a) for s, a, _ in plan if s == setting)], args.cache_dir)
-        run_all([(credit_run_name(s, a), seed, flags) for seed in args.seeds for s, a, flags in plan], args,
-                f"{len(plan)} setting x arm pairs")
-    figures = Path(args.figures)
-    old = json.loads((figures / "credit.json").read_text()) if (figures / "credit.json").exists() else {}
-    results = {}
-    for setting in args.settings:
-        runs = {}
-        for arm in dict.fromkeys(a for s, a, _ in plan if s == setting):
-            runs[arm] = load_finished(args.out, credit_run_name(setting, arm), args.seeds)
-            if 0 < len(runs[arm]) < len(args.seeds):
-                print(f"warning: {setting} {arm}: {len(runs[arm])} of {len(args.seeds)} seeds finished")
-        arms = [a for a in runs if runs[a]]
-        if not arms:
-            continue
-        text, stats = credit_report(setting, arms, runs, args.window, old.get(setting))
-        plot_path = credit_plot(setting, arms, runs, figures, args.window, args.tag)
-        print(f"\n## credit: {setting} ({' '.join(SETTINGS[setting]) or 'the default task'}; {plot_path})\n")
-        print(text)
-        print(f"\nWhere the process reward blames the wrong responses ({setting}):\n")
-        print(blame_report(arms, runs))
-        results[setting] = {**old.get(setting, {}), **stats}  # arms of other calls stay
-    merge_json(figures / "credit.json", results)
-
-
 def build_sft(task, cache_dir: str) -> None:
     """The embedded SFT checkpoint of a configuration, once, before any run (the runs would race)."""
     subprocess.run([sys.executable, "-c", "import sys, toy_task; from pathlib import Path; "
@@ -667,8 +294,7 @@ def build_sft(task, cache_dir: str) -> None:
 
 def train_config(train_args: list[str]):
     """The train.py configuration every run of the comparison shares (for the SFT it needs)."""
-    import train
-    return train.parse_args(train_args)
+    return parse_train_args(train_args)
 
 
 def sample_efficiency(rloo: list[dict], prime_runs: list[dict], window: int) -> str:

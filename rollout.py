@@ -123,9 +123,9 @@ class HFRollout:
                 eos_token_id=tok.eos_token_id, return_dict_in_generate=True,
                 output_logits=return_logprobs,
                 # A preallocated KV cache: the default one concatenates every new key and value onto
-                # the old ones, which took half of a decoding step's time for the tiny model on CPU
-                # (bench/bench_first_use.py --profile-rollout). No torch.compile: its warm-up costs more
-                # than it saves here, and a run should not compile behind the user's back.
+                # the old ones, a copy that grows with the response (half of a decoding step's time at
+                # 96 tokens for the tiny model on CPU; bench/bench_rollout.py). No torch.compile: its
+                # warm-up costs more than it saves here, and a run should not compile behind the user's back.
                 cache_implementation="static", disable_compile=True)
             gen = out.sequences[:, ids.shape[1]:].cpu()
             chunks.append(gen)
@@ -194,7 +194,7 @@ class VLLMRollout:
         rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
                torch.cuda.get_rng_state_all() if on_gpu else None)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # INFO logs every engine detail
-        from vllm import LLM
+        from vllm import LLM  # optional (requirements-vllm.txt): imported only when an engine is built
 
         self.llm = LLM(
             model=model_path, dtype=dtype,  # always explicit: "auto" would turn an fp32 config into fp16
@@ -247,7 +247,7 @@ class VLLMRollout:
     def generate(self, prompt_token_ids: list[list[int]], n: int = 1, greedy: bool = False,
                  return_logprobs: bool = False) -> Rollout:
         """K = n samples of each prompt, groups contiguous. `greedy` decodes one answer per prompt."""
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # optional, as above
 
         assert not self.asleep, "VLLMRollout sleeps after each generate (sleep=True): push_weights wakes it"
         tok = self.tokenizer

@@ -23,6 +23,7 @@ import bisect
 import re
 
 import torch
+from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification, AutoTokenizer
 
 import toy_task
 
@@ -102,8 +103,6 @@ class HFStepPRM:
 
     def __init__(self, path: str, device="cpu", separator: str = "\n\n", step_token: str = "<extra_0>",
                  dtype=torch.float32, batch_size: int = 8):
-        from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification, AutoTokenizer
-
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
             arch = (AutoConfig.from_pretrained(path, trust_remote_code=True).architectures or [""])[0]

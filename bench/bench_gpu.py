@@ -65,6 +65,9 @@ def build_models(path: Path, shapes: dict, dtype: torch.dtype, device):
 def run(args, device, shapes: dict = QWEN25_05B) -> dict:
     """The timed steps; returns {phase: {"s": [...], "tokens": [...], "peak_gib": ..., "used_gib": ...}}."""
     import prime
+    import config
+    import ddp
+    import microbatch
     import train
     from rollout import HFRollout, VLLMRollout
 
@@ -81,8 +84,8 @@ def run(args, device, shapes: dict = QWEN25_05B) -> dict:
         sampler = HFRollout(policy, tokenizer, args.response_len)
     policy_opt = torch.optim.AdamW(policy.parameters(), lr=1e-6, weight_decay=0.01)
     prm_opt = torch.optim.AdamW(prm.parameters(), lr=1e-6)
-    loop_args = train.Args(micro_batch_size=args.micro_batch_size, mini_batches=1, n_samples=args.n, beta=0.05)
-    d = train.Dist(device=device)
+    loop_args = config.Args(micro_batch_size=args.micro_batch_size, mini_batches=1, n_samples=args.n, beta=0.05)
+    d = ddp.Dist(device=device)
     generator = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, shapes["vocab_size"], (args.prompts, args.prompt_len), generator=generator)
     results = {}
@@ -117,22 +120,22 @@ def run(args, device, shapes: dict = QWEN25_05B) -> dict:
         mask = ro.response_mask.to(device).to(torch.float32)
         outcome = torch.randint(0, 2, (B,), generator=generator).float().to(device)
         with phase("old/ref", 2 * B * T):
-            logp_old = train.logprobs_no_grad(policy, ro, loop_args)
-            logp_ref = train.logprobs_no_grad(reference, ro, loop_args)
+            logp_old = microbatch.logprobs_no_grad(policy, ro, loop_args)
+            logp_ref = microbatch.logprobs_no_grad(reference, ro, loop_args)
         with phase("prm", B * T):  # train.py's own PRM step: forward for rewards + CE update
-            log_ratio, _ = train.implicit_prm_step(prm, prm_opt, ro, logp_ref, mask, outcome, B, loop_args, d,
-                                                   update=True)
+            log_ratio, _ = train.implicit_prm_step(prm, prm_opt, train.Batch(ro, outcome, mask, None, [], [], B, B),
+                                                   logp_ref, loop_args, d)
         with phase("advantages", B * T):
             process = prime.normalize_process_reward(log_ratio, mask)
             adv = prime.whiten(prime.rloo_advantage(process, outcome, mask, args.n, 1.0, "official"), mask)
 
         def policy_loss_fn(mb):
-            logp = train.response_logprobs(policy, mb.rollout(ro))
+            logp = microbatch.response_logprobs(policy, mb.rollout(ro))
             return prime.ppo_clip_loss(logp, mb.of(logp_old), mb.of(adv), mb.of(mask), 0.2)
 
         with phase("policy", B * T):
-            train.run_update(policy, policy_opt, policy_loss_fn, lambda mb: float(mb.of(mask).sum()),
-                             train.plan_update(ro, B, loop_args, d), loop_args, d, 1.0)
+            microbatch.run_update(policy, policy_opt, policy_loss_fn, lambda mb: float(mb.of(mask).sum()),
+                                  microbatch.plan_update(ro, B, loop_args, d), loop_args, d, 1.0)
         with phase("sync", sum(p.numel() for p in policy.parameters())):
             sampler.push_weights(policy)
         print(f"step {step + 1}/{args.steps}: " + ", ".join(f"{k} {v['s'][-1]:.2f}s" for k, v in results.items()),

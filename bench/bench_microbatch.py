@@ -16,12 +16,12 @@ Cases (each a batch with a realistic spread of response lengths):
 
 Each mode runs in a fresh subprocess with train.py's own code: policy and PRM in fp32 with AdamW,
 the reference in bf16, as train.py holds them. Passes: old + reference log-probs (no grad,
-`train.logprobs_no_grad`), the PRM's CE update (`train.implicit_prm_step`) and the policy's PPO
-update (`train.plan_update` + `train.run_update`). Padding share = 1 - real tokens / computed tokens,
-where a micro-batch computes rows x its longest prompt + response tokens (train.forward_sequences);
+`microbatch.logprobs_no_grad`), the PRM's CE update (`train.implicit_prm_step`) and the policy's PPO
+update (`microbatch.plan_update` + `microbatch.run_update`). Padding share = 1 - real tokens / computed tokens,
+where a micro-batch computes rows x its longest prompt + response tokens (microbatch.forward_sequences);
 "before" is the layout this replaced: every micro-batch as wide as the whole batch's widest prompt
 plus its widest response. Peak memory is
-torch.cuda.max_memory_allocated on a GPU (next to train.memory_estimate_gb's total for the same
+torch.cuda.max_memory_allocated on a GPU (next to models.memory_estimate_gb's total for the same
 settings), and the process's peak resident set (ru_maxrss) on CPU, where it includes the model state.
 """
 
@@ -87,6 +87,10 @@ def run_one(case: str, mode: str, opts) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     import prime
+    import config
+    import ddp
+    import microbatch
+    import models
     import train
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -96,8 +100,8 @@ def run_one(case: str, mode: str, opts) -> dict:
                  gradient_checkpointing=opts.gradient_checkpointing)
     if mode != "fixed":  # "budget=N"
         flags["max_tokens_per_micro_batch"] = int(mode.split("=")[1])
-    args = train.Args(**flags)
-    d = train.Dist(device=device)
+    args = config.Args(**flags)
+    d = ddp.Dist(device=device)
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
     prm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
@@ -110,7 +114,7 @@ def run_one(case: str, mode: str, opts) -> dict:
     mask = ro.response_mask.float().to(device)
     outcome = outcome.to(device)
 
-    plan = train.plan_update(ro, len(ro), args, d)
+    plan = microbatch.plan_update(ro, len(ro), args, d)
     real = int(ro.prompt_mask.sum() + ro.response_mask.sum())
     lengths = ro.prompt_mask.sum(1) + ro.response_mask.sum(1)
     computed = sum(len(mb.rows) * int(lengths[mb.rows].max()) for mb in plan[0])  # rows x longest sequence
@@ -130,22 +134,22 @@ def run_one(case: str, mode: str, opts) -> dict:
         return out
 
     for repeat in range(opts.repeats):  # the first repeat warms up kernels and allocator; the last is kept
-        logp_old, logp_ref = timed("old+ref logprobs", lambda: (train.logprobs_no_grad(policy, ro, args),
-                                                                train.logprobs_no_grad(reference, ro, args)))
-        timed("prm update", lambda: train.implicit_prm_step(prm, prm_opt, ro, logp_ref, mask, outcome, len(ro),
-                                                            args, d, True))
+        logp_old, logp_ref = timed("old+ref logprobs", lambda: (microbatch.logprobs_no_grad(policy, ro, args),
+                                                                microbatch.logprobs_no_grad(reference, ro, args)))
+        batch = train.Batch(ro, outcome, mask, None, [], [], len(ro), len(ro))
+        timed("prm update", lambda: train.implicit_prm_step(prm, prm_opt, batch, logp_ref, args, d))
         adv = prime.whiten(torch.randn(mask.shape, device=device) * mask, mask)
 
         def loss_fn(mb):
-            logp = train.response_logprobs(policy, mb.rollout(ro))
+            logp = microbatch.response_logprobs(policy, mb.rollout(ro))
             return prime.ppo_clip_loss(logp, mb.of(logp_old), mb.of(adv), mb.of(mask), 0.2)
 
-        timed("policy update", lambda: train.run_update(policy, policy_opt, loss_fn, lambda mb: float(mb.of(mask).sum()),
+        timed("policy update", lambda: microbatch.run_update(policy, policy_opt, loss_fn, lambda mb: float(mb.of(mask).sum()),
                                                          plan, args, d, 1.0))
     if device.type == "cuda":
         result["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
         n_params = sum(p.numel() for p in policy.parameters())
-        result["estimate_gb"] = train.memory_estimate_gb(n_params, args, AutoConfig.from_pretrained(path))["total"]
+        result["estimate_gb"] = models.memory_estimate_gb(n_params, args, AutoConfig.from_pretrained(path))["total"]
     else:
         result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
     return result

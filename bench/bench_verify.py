@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import sandbox  # noqa: E402
 import verify  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -99,7 +100,7 @@ def main() -> None:
         print(f"hostile {name:24s}: {seconds:5.2f} s  reward {score.reward}  reason {score.reason}")
     # The parent's backstop: a worker that does not answer at all (stuck in C; here SIGSTOPped).
     verify.score_batch(["\\boxed{1}"], ["1"], ["math"], **grade)
-    for worker in verify._pool:
+    for worker in sandbox._pool:
         os.kill(worker.process.pid, signal.SIGSTOP)
     t0 = time.perf_counter()
     score = verify.score_batch(["\\boxed{7}"], ["7"], ["math"], timeout=args.timeout, **grade)[0]
@@ -108,7 +109,7 @@ def main() -> None:
     print(f"hostile {'worker stuck (SIGSTOP)':24s}: {seconds:5.2f} s  reward {score.reward}  "
           f"reason {score.reason}")
     print(f"worst hostile latency: {worst:.2f} s (time limit {args.timeout} s)")
-    verify.shutdown()
+    sandbox.shutdown()
 
 
 if __name__ == "__main__":

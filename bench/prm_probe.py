@@ -27,9 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import config  # noqa: E402
+import microbatch  # noqa: E402
 import prime  # noqa: E402
 import toy_task  # noqa: E402
-import train  # noqa: E402
 import verify  # noqa: E402
 from rollout import HFRollout  # noqa: E402
 
@@ -76,22 +77,22 @@ def main(argv=None):
     data = torch.load(pool, weights_only=False)
     held, held_outcome = kept(*data["held"], n)
     held_mask = held.response_mask.float()
-    big = train.Args(micro_batch_size=256)  # no-grad passes: 256 responses at a time
-    held_ref = train.logprobs_no_grad(reference, held, big)
+    big = config.Args(micro_batch_size=256)  # no-grad passes: 256 responses at a time
+    held_ref = microbatch.logprobs_no_grad(reference, held, big)
 
     prm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).train()
     optimizer = torch.optim.AdamW(prm.parameters(), lr=args.lr, weight_decay=0.0)
 
     def held_accuracy() -> float:
-        log_ratio = prime.implicit_process_reward(train.logprobs_no_grad(prm, held, big), held_ref, held_mask, 1.0)
+        log_ratio = prime.implicit_process_reward(microbatch.logprobs_no_grad(prm, held, big), held_ref, held_mask, 1.0)
         return prime.prm_pairwise_accuracy(log_ratio.sum(-1), held_outcome, n).item()
 
     curve, on_batch = [held_accuracy()], []
     for i, (ro, outcome) in enumerate(data["stream"]):
         batch, outcome = kept(ro, outcome, n)
         mask = batch.response_mask.float()
-        logp_ref = train.logprobs_no_grad(reference, batch, big)
-        logp = train.response_logprobs(prm, batch)
+        logp_ref = microbatch.logprobs_no_grad(reference, batch, big)
+        logp = microbatch.response_logprobs(prm, batch)
         on_batch.append(prime.prm_pairwise_accuracy(((logp.detach() - logp_ref) * mask).sum(-1), outcome, n).item())
         if args.loss == "ce":
             loss = prime.prm_ce_loss(logp, logp_ref, mask, outcome, args.beta)

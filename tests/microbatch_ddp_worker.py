@@ -1,5 +1,5 @@
 """Run by tests/test_microbatch.py under `torchrun --nproc_per_node=2` (gloo, CPU): one optimizer step
-of train.run_update on a DDP-wrapped float64 policy, the two ranks holding unequal numbers of rows of
+of microbatch.run_update on a DDP-wrapped float64 policy, the two ranks holding unequal numbers of rows of
 unequal lengths, and in one case a rank whose filter kept nothing. Rank 0 saves, for each case, the
 change of every parameter under SGD with lr 1 (= minus the gradient) and the logged loss.
 
@@ -13,8 +13,10 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import config  # noqa: E402
+import ddp  # noqa: E402
+import microbatch  # noqa: E402
 import prime  # noqa: E402
-import train  # noqa: E402
 
 # case: (rows of rank 0, rows of rank 1, train.py flags); rows index the saved batch
 CASES = {
@@ -25,7 +27,7 @@ CASES = {
 
 
 def main(batch_path: str, out_path: str) -> None:
-    d = train.setup_distributed()
+    d = ddp.setup_distributed()
     saved = torch.load(batch_path, weights_only=False)
     ro, logp_old, adv, temperature = saved["rollout"], saved["logp_old"], saved["adv"], saved["temperature"]
     from transformers import AutoModelForCausalLM
@@ -33,21 +35,21 @@ def main(batch_path: str, out_path: str) -> None:
     for name, (rows0, rows1, flags) in CASES.items():
         model = AutoModelForCausalLM.from_pretrained(saved["model"], dtype=torch.float64)
         start = [p.detach().clone() for p in model.parameters()]
-        ddp = train.wrap_ddp(model, d)
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=1.0)
+        wrapped = ddp.wrap_ddp(model, d)
+        optimizer = torch.optim.SGD(wrapped.parameters(), lr=1.0)
         rows = torch.tensor(list(rows0 if d.rank == 0 else rows1), dtype=torch.long)
         n_rows = len(rows)
         if n_rows == 0:  # as train.filter_groups does: a placeholder row that carries no gradient
             rows = torch.tensor([0])
         mine, mask = ro.select(rows), ro.response_mask[rows].double()
-        args = train.Args(**flags)
+        args = config.Args(**flags)
 
         def loss_fn(mb):
-            logp = train.response_logprobs(ddp, mb.rollout(mine), temperature)
+            logp = microbatch.response_logprobs(wrapped, mb.rollout(mine), temperature)
             return prime.ppo_clip_loss(logp, mb.of(logp_old[rows]), mb.of(adv[rows]), mb.of(mask), 0.2)
 
-        plan = train.plan_update(mine, n_rows, args, d)
-        losses = train.run_update(ddp, optimizer, loss_fn, lambda mb: float(mb.of(mask).sum()), plan, args, d, 1e9)
+        plan = microbatch.plan_update(mine, n_rows, args, d)
+        losses = microbatch.run_update(wrapped, optimizer, loss_fn, lambda mb: float(mb.of(mask).sum()), plan, args, d, 1e9)
         results[name] = dict(delta=[p.detach() - s for p, s in zip(model.parameters(), start)], losses=losses,
                              micro_batches=len(plan[0]))
     if d.rank == 0:

@@ -9,6 +9,7 @@ import pytest
 
 import eval
 import reproduce
+import config
 import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +87,7 @@ def test_train_refuses_a_bad_value_naming_the_flag(flags, names, tmp_path, capsy
     ["--max-tokens-per-micro-batch", "0"],
 ])
 def test_train_accepts_the_edge_values(flags):
-    train.parse_args(flags)
+    config.parse_args(flags)
 
 
 @pytest.mark.parametrize("flags, warned", [
@@ -96,7 +97,7 @@ def test_train_accepts_the_edge_values(flags):
     (["--filter-low", "0", "--filter-high", "1", "--policy-lr", "1e-4", "--process", "none"], False),
 ])
 def test_implicit_rewards_without_the_filter_at_a_high_lr_warn(flags, warned, capsys):
-    train.parse_args(flags)
+    config.parse_args(flags)
     assert ("without PRIME's filter collapsed" in capsys.readouterr().out) == warned
 
 

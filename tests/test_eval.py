@@ -20,8 +20,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+import config  # noqa: E402
 import data  # noqa: E402
 import eval  # noqa: E402  (our eval.py; shadows the builtin only inside this file)
+import runlog  # noqa: E402
 import toy_task  # noqa: E402
 import verify  # noqa: E402
 
@@ -129,9 +131,9 @@ def test_bootstrap_interval_equals_a_plain_numpy_loop():
 
 
 def test_moving_average():
-    assert eval.moving_average([1, 2, 3, 4], window=2) == [1, 1.5, 2.5, 3.5]
-    smooth = eval.moving_average([math.nan, 1.0, math.nan, 3.0], window=10)  # PRM accuracy has gaps
-    assert math.isnan(smooth[0]) and smooth[1:] == [1.0, 1.0, 2.0]
+    assert runlog.moving_average([1, 2, 3, 4], window=2).tolist() == [1, 1.5, 2.5, 3.5]
+    smooth = runlog.moving_average([math.nan, 1.0, math.nan, 3.0], window=10)  # PRM accuracy has gaps
+    assert math.isnan(smooth[0]) and smooth[1:].tolist() == [1.0, 1.0, 2.0]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -186,7 +188,6 @@ def test_multiple_answer_gold_needs_all_answers_in_any_order():
 
 
 def test_prompts_match_training_prompts_with_and_without_chat_template(sft):
-    import train
     tokenizer = eval.load_tokenizer(str(sft))
     assert data.MATH_SUFFIX.endswith("Present the answer in LaTex format: \\boxed{Your answer}")  # the paper's
     row = {"problem": "What is $1+1$?", "answer": "2"}
@@ -195,7 +196,7 @@ def test_prompts_match_training_prompts_with_and_without_chat_template(sft):
         tokenizer.chat_template = template
         for system in ("", "Think step by step."):
             ids, text = data.build_prompt(tokenizer, row["problem"], system_prompt=system)
-            task = data.row_to_task(row, 0, train.Args(system_prompt=system), tokenizer)
+            task = data.row_to_task(row, 0, config.Args(system_prompt=system), tokenizer)
             assert ids == task.prompt_ids
             if template:
                 assert text.startswith(f"[system]{system}\n" if system else "[user]")

@@ -12,6 +12,7 @@ import json
 import pytest
 import torch
 
+import microbatch
 import prime
 import toy_task
 import train
@@ -58,7 +59,7 @@ def test_recomputed_old_logprobs_equal_hf_generate_on_cuda(cache_dir):
     prompts[0] = prompts[0][-3:]
     torch.manual_seed(0)
     ro = HFRollout(model, tokenizer, max_new_tokens=32, temperature=1.0).generate(prompts, n=2, return_logprobs=True)
-    recomputed = train.response_logprobs(model, ro).cpu()
+    recomputed = microbatch.response_logprobs(model, ro).cpu()
     mask = ro.response_mask.bool()
     assert ro.prompt_mask[:, 0].min() == 0
     assert torch.allclose(recomputed[mask], ro.sampler_logprobs[mask].cpu(), atol=1e-3)

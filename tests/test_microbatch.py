@@ -12,6 +12,10 @@ import pytest
 import torch
 from transformers import AutoConfig
 
+import config
+import ddp
+import microbatch
+import models
 import prime
 import toy_task
 import train
@@ -50,24 +54,24 @@ def test_trimmed_drops_only_the_padding_no_row_uses():
 
 def test_fixed_plan_is_consecutive_rows_and_pads_short_ranks_with_zero_weight():
     ro = synthetic_rollout([2] * 6, [3, 1, 4, 1, 5, 9])
-    args = train.Args(micro_batch_size=2)
-    plan = train.plan_update(ro, 5, args, train.Dist())
+    args = config.Args(micro_batch_size=2)
+    plan = microbatch.plan_update(ro, 5, args, ddp.Dist())
     assert [(mb.rows.tolist(), mb.width, mb.weight) for mb in plan[0]] == \
         [([0, 1], 3, 1.0), ([2, 3], 4, 1.0), ([4], 5, 1.0)]
     # two optimizer steps: rows split 3 / 2 (contiguous), each packed on its own
-    plan = train.plan_update(ro, 5, train.Args(micro_batch_size=2, mini_batches=2), train.Dist())
+    plan = microbatch.plan_update(ro, 5, config.Args(micro_batch_size=2, mini_batches=2), ddp.Dist())
     assert [[mb.rows.tolist() for mb in step] for step in plan] == [[[0, 1], [2]], [[3, 4]]]
     # nothing kept: no real micro-batch (a rank under DDP would get zero-weight repeats, see the torchrun test)
-    assert train.plan_update(ro, 0, args, train.Dist()) == [[]]
+    assert microbatch.plan_update(ro, 0, args, ddp.Dist()) == [[]]
 
 
 def test_token_budget_packs_by_length_and_covers_every_row_once(capsys):
     prompt_lens = [10, 12, 11, 10, 30, 10, 11, 12]
     response_lens = [5, 60, 7, 6, 200, 8, 55, 6]
     ro = synthetic_rollout(prompt_lens, response_lens)
-    args = train.Args(max_tokens_per_micro_batch=150)
-    train._told_long_rows = False
-    mbs = train.pack_rows(ro, 0, 8, args)
+    args = config.Args(max_tokens_per_micro_batch=150)
+    microbatch._told_long_rows = False
+    mbs = microbatch.pack_rows(ro, 0, 8, args)
     assert sorted(r for mb in mbs for r in mb.rows.tolist()) == list(range(8))
     # a micro-batch computes rows x its longest prompt + response: the 230-token row alone (over the
     # budget); 72 and 66 together, 2 x 72 = 144 <= 150 (a third row would make 216); then the five
@@ -78,10 +82,10 @@ def test_token_budget_packs_by_length_and_covers_every_row_once(capsys):
         assert size <= 150 or len(mb.rows) == 1
         assert mb.width == max(response_lens[r] for r in mb.rows.tolist())
     assert "a row of 230 tokens" in capsys.readouterr().out
-    train.pack_rows(ro, 0, 8, args)
+    microbatch.pack_rows(ro, 0, 8, args)
     assert "a row of" not in capsys.readouterr().out  # said once
     # groups kept whole (the DPO loss): units of 2 rows
-    mbs = train.pack_rows(ro, 0, 8, args, unit=2)
+    mbs = microbatch.pack_rows(ro, 0, 8, args, unit=2)
     assert all(set(mb.rows.tolist()) == {r ^ 1 for r in mb.rows.tolist()} for mb in mbs)  # 2k with 2k + 1
     assert sorted(r for mb in mbs for r in mb.rows.tolist()) == list(range(8))
 
@@ -98,7 +102,7 @@ def test_token_budget_cut_is_the_best_of_every_cut_by_brute_force():
         response_lens = [int(rng.lognormvariate(3, 0.8)) + 1 for _ in range(n)]
         budget = rng.choice([60, 120, 250])
         ro = synthetic_rollout(prompt_lens, response_lens)
-        got = train.pack_rows(ro, 0, n, train.Args(max_tokens_per_micro_batch=budget), unit=unit)
+        got = microbatch.pack_rows(ro, 0, n, config.Args(max_tokens_per_micro_batch=budget), unit=unit)
         total = [p + r for p, r in zip(prompt_lens, response_lens)]
         units = sorted([list(range(s, s + unit)) for s in range(0, n, unit)], key=lambda u: -max(total[r] for r in u))
         cost = lambda runs: (len(runs), sum(len(run) * max(total[r] for r in run) for run in runs))
@@ -126,10 +130,10 @@ def test_padding_share_falls_with_the_budget():
     real = sum(response_lens) + 20 * 32
 
     def padded(args):  # every prompt has 20 tokens: a micro-batch's longest sequence is 20 + its widest response
-        return sum(len(mb.rows) * (20 + mb.width) for mb in train.pack_rows(ro, 0, 32, args))
+        return sum(len(mb.rows) * (20 + mb.width) for mb in microbatch.pack_rows(ro, 0, 32, args))
 
-    assert padded(train.Args(micro_batch_size=8)) / real > 1.5
-    assert padded(train.Args(max_tokens_per_micro_batch=600)) / real < 1.1
+    assert padded(config.Args(micro_batch_size=8)) / real > 1.5
+    assert padded(config.Args(max_tokens_per_micro_batch=600)) / real < 1.1
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -153,7 +157,7 @@ def toy_batch(cache_dir):
     mask = ro.response_mask.double()
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
     with torch.no_grad():
-        logp = train.response_logprobs(policy, ro, 0.7)
+        logp = microbatch.response_logprobs(policy, ro, 0.7)
     logp_old = (logp + 0.3 * torch.randn(logp.shape, generator=gen, dtype=torch.float64)) * mask
     adv = torch.randn(logp.shape, generator=gen, dtype=torch.float64) * mask
     outcome = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 0, 0])
@@ -161,21 +165,21 @@ def toy_batch(cache_dir):
 
 
 def policy_step(b, dtype=torch.float64, **flags):
-    """One train.run_update of the policy (in `dtype`) with these flags: (parameter change, logged losses)."""
+    """One microbatch.run_update of the policy (in `dtype`) with these flags: (parameter change, logged losses)."""
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(b["path"], dtype=dtype)
     start = [p.detach().clone() for p in model.parameters()]
-    args = train.Args(**flags)
+    args = config.Args(**flags)
     ro, mask = b["ro"], b["mask"].to(dtype)
     logp_old, adv = b["logp_old"].to(dtype), b["adv"].to(dtype)
 
     def loss_fn(mb):
-        logp = train.response_logprobs(model, mb.rollout(ro), b["temperature"])
+        logp = microbatch.response_logprobs(model, mb.rollout(ro), b["temperature"])
         return prime.ppo_clip_loss(logp, mb.of(logp_old), mb.of(adv), mb.of(mask), 0.2)
 
-    losses = train.run_update(model, torch.optim.SGD(model.parameters(), lr=1.0), loss_fn,
-                              lambda mb: float(mb.of(mask).sum()), train.plan_update(ro, len(ro), args, train.Dist()),
-                              args, train.Dist(), 1e9)
+    losses = microbatch.run_update(model, torch.optim.SGD(model.parameters(), lr=1.0), loss_fn,
+                              lambda mb: float(mb.of(mask).sum()), microbatch.plan_update(ro, len(ro), args, ddp.Dist()),
+                              args, ddp.Dist(), 1e9)
     return [p.detach() - s for p, s in zip(model.parameters(), start)], losses
 
 
@@ -184,7 +188,7 @@ def whole_batch_gradient(b, rows=None):
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(b["path"], dtype=torch.float64)
     rows = torch.arange(len(b["ro"])) if rows is None else rows
-    logp = train.response_logprobs(model, b["ro"].select(rows), b["temperature"])
+    logp = microbatch.response_logprobs(model, b["ro"].select(rows), b["temperature"])
     loss = prime.ppo_clip_loss(logp, b["logp_old"][rows], b["adv"][rows], b["mask"][rows], 0.2)
     loss.backward()
     return [-p.grad for p in model.parameters()], loss.item()
@@ -218,8 +222,8 @@ def test_float32_policy_gradient_of_a_split_batch_matches_the_float64_whole_batc
     # terms with random advantages that mostly cancel (|loss| is ~20x below their mean size), so its
     # error is bounded against the terms' mean size, not against the loss. A real bug (temperature
     # applied twice, a stale micro-batch) is off by percents.
-    config = AutoConfig.from_pretrained(toy_batch["path"])
-    bound = config.num_hidden_layers * (config.hidden_size + config.intermediate_size) * torch.finfo(torch.float32).eps
+    shape = AutoConfig.from_pretrained(toy_batch["path"])
+    bound = shape.num_hidden_layers * (shape.hidden_size + shape.intermediate_size) * torch.finfo(torch.float32).eps
     b = toy_batch
     term_size = ((b["logp"] - b["logp_old"]).exp() * b["adv"]).abs().sum() / b["mask"].sum()
     assert_same([d.double() for d in delta], expected, tol=bound)
@@ -253,7 +257,7 @@ def test_prm_update_and_rewards_do_not_depend_on_the_split(toy_batch, prm_loss):
     from transformers import AutoModelForCausalLM
     b = toy_batch
     ref = AutoModelForCausalLM.from_pretrained(b["path"], dtype=torch.float64)
-    logp_ref = train.logprobs_no_grad(ref, b["ro"], train.Args())
+    logp_ref = microbatch.logprobs_no_grad(ref, b["ro"], config.Args())
     results = []
     for flags in (dict(micro_batch_size=64), dict(micro_batch_size=4), dict(max_tokens_per_micro_batch=120)):
         prm = AutoModelForCausalLM.from_pretrained(b["path"], dtype=torch.float64)
@@ -262,10 +266,10 @@ def test_prm_update_and_rewards_do_not_depend_on_the_split(toy_batch, prm_loss):
             for p in prm.parameters():
                 p.add_(0.02 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
         start = [p.detach().clone() for p in prm.parameters()]
-        args = train.Args(n_samples=2, prm_loss=prm_loss, beta=0.5, **flags)
-        rewards, losses = train.implicit_prm_step(prm, torch.optim.SGD(prm.parameters(), lr=1.0), b["ro"], logp_ref,
-                                                  b["mask"], b["outcome"].double(), len(b["ro"]), args,
-                                                  train.Dist(), True)
+        args = config.Args(n_samples=2, prm_loss=prm_loss, beta=0.5, **flags)
+        batch = train.Batch(b["ro"], b["outcome"].double(), b["mask"], None, [], [], len(b["ro"]), len(b["ro"]))
+        rewards, losses = train.implicit_prm_step(prm, torch.optim.SGD(prm.parameters(), lr=1.0), batch, logp_ref,
+                                                  args, ddp.Dist())
         results.append(([p.detach() - s for p, s in zip(prm.parameters(), start)], rewards, losses))
     for delta, rewards, losses in results[1:]:
         assert_same(delta, results[0][0])
@@ -283,15 +287,15 @@ def test_a_step_with_nothing_kept_on_any_rank_leaves_the_weights_alone(toy_batch
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
 
     def loss_fn(mb):
-        logp = train.response_logprobs(model, mb.rollout(ro))
+        logp = microbatch.response_logprobs(model, mb.rollout(ro))
         return prime.ppo_clip_loss(logp, mb.of(toy_batch["logp_old"]), mb.of(toy_batch["adv"]), mb.of(mask), 0.2)
 
-    count, args = lambda mb: float(mb.of(mask).sum()), train.Args()
-    train.run_update(model, optimizer, loss_fn, count, train.plan_update(ro, len(ro), args, train.Dist()), args,
-                     train.Dist(), 1.0)  # a real step first: AdamW now has momentum
+    count, args = lambda mb: float(mb.of(mask).sum()), config.Args()
+    microbatch.run_update(model, optimizer, loss_fn, count, microbatch.plan_update(ro, len(ro), args, ddp.Dist()), args,
+                     ddp.Dist(), 1.0)  # a real step first: AdamW now has momentum
     before = [p.detach().clone() for p in model.parameters()]
-    repeats = [[train.MicroBatch(torch.tensor([0]), 5, weight=0.0)] * 2]
-    assert train.run_update(model, optimizer, loss_fn, count, repeats, args, train.Dist(), 1.0) == []
+    repeats = [[microbatch.MicroBatch(torch.tensor([0]), 5, weight=0.0)] * 2]
+    assert microbatch.run_update(model, optimizer, loss_fn, count, repeats, args, ddp.Dist(), 1.0) == []
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
 
 
@@ -304,7 +308,7 @@ def test_response_logprobs_and_values_equal_each_row_run_alone_without_padding(t
     critic = AutoModelForTokenClassification.from_pretrained(toy_batch["path"], num_labels=1, dtype=torch.float64)
     ro = toy_batch["ro"]
     with torch.no_grad():
-        logp, values = train.response_logprobs(model, ro, 0.7), train.critic_values(critic, ro)
+        logp, values = microbatch.response_logprobs(model, ro, 0.7), microbatch.critic_values(critic, ro)
         for i in range(len(ro)):
             prompt = ro.prompt_ids[i][ro.prompt_mask[i].bool()]
             response = ro.response_ids[i][ro.response_mask[i].bool()]
@@ -323,9 +327,9 @@ def test_no_grad_passes_equal_the_whole_batch_forward(toy_batch):
     model = AutoModelForCausalLM.from_pretrained(toy_batch["path"], dtype=torch.float64)
     ro = toy_batch["ro"]
     with torch.no_grad():
-        whole = train.response_logprobs(model, ro, 0.7)
-    for args in (train.Args(micro_batch_size=5), train.Args(max_tokens_per_micro_batch=100)):
-        got = train.logprobs_no_grad(model, ro, args, 0.7)
+        whole = microbatch.response_logprobs(model, ro, 0.7)
+    for args in (config.Args(micro_batch_size=5), config.Args(max_tokens_per_micro_batch=100)):
+        got = microbatch.logprobs_no_grad(model, ro, args, 0.7)
         assert got.shape == whole.shape and torch.allclose(got, whole.float(), atol=1e-6)
 
 
@@ -378,10 +382,10 @@ def test_train_runs_with_a_token_budget_log_the_same_first_step_losses(cache_dir
 
 def test_memory_estimate_arithmetic_by_hand():
     from transformers import Qwen2Config
-    config = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=256, num_hidden_layers=3)
+    shape = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=256, num_hidden_layers=3)
     n = 2_000_000
-    args = train.Args(micro_batch_size=4, max_prompt_len=100, max_response_len=300)
-    est = train.memory_estimate_gb(n, args, config)
+    args = config.Args(micro_batch_size=4, max_prompt_len=100, max_response_len=300)
+    est = models.memory_estimate_gb(n, args, shape)
     # state: 16 + 16 + 2 bytes a parameter = 68 MB
     assert est["policy (weights+grads+adam)"] == pytest.approx(0.032)
     assert est["reference (bf16)"] == pytest.approx(0.004)
@@ -391,8 +395,8 @@ def test_memory_estimate_arithmetic_by_hand():
     assert est["logits (one micro-batch)"] == pytest.approx(4 * 301 * 1000 * 8 / 1e9)
     assert est["total"] == pytest.approx(0.068 + 1600 * 3 * 1664 * 4 / 1e9 + 4 * 301 * 1000 * 8 / 1e9)
     # a token budget of 1000, with gradient checkpointing: each layer's input (64) + one layer recomputed
-    args = train.Args(max_tokens_per_micro_batch=1000, gradient_checkpointing=True, reference="policy")
-    est = train.memory_estimate_gb(n, args, config)
+    args = config.Args(max_tokens_per_micro_batch=1000, gradient_checkpointing=True, reference="policy")
+    est = models.memory_estimate_gb(n, args, shape)
     assert est["activations (one micro-batch)"] == pytest.approx(1000 * (3 * 64 + 1664) * 4 / 1e9)
     assert est["logits (one micro-batch)"] == pytest.approx(1000 * 1000 * 8 / 1e9)
     assert est["reference (bf16)"] == 0.0
@@ -402,8 +406,8 @@ def test_the_first_steps_memory_line_puts_the_estimate_beside_the_measured_peak(
     """(train.py prints it on a GPU; the arithmetic is the same here.)"""
     from transformers import AutoModelForCausalLM
     policy = AutoModelForCausalLM.from_pretrained(toy_task.sft_checkpoint(cache_dir, SFT_STEPS))
-    args = train.Args(rollout="hf")
-    est = train.memory_estimate_gb(sum(p.numel() for p in policy.parameters()), args, policy.config)["total"]
-    assert train.memory_line(policy, args, 1.234) == (f"memory per GPU after the first step: estimated {est:.2f} GB, "
+    args = config.Args(rollout="hf")
+    est = models.memory_estimate_gb(sum(p.numel() for p in policy.parameters()), args, policy.config)["total"]
+    assert models.memory_line(policy, args, 1.234) == (f"memory per GPU after the first step: estimated {est:.2f} GB, "
                                                       "measured 1.23 GB (torch.cuda.max_memory_allocated)")
 

@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import credit_study
 import reproduce
+import runlog
 
 from conftest import SFT_STEPS
 
@@ -18,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_moving_average_and_first_step_reaching_by_hand():
     x = np.array([[0.0, 1.0, np.nan, 3.0, 5.0]])
     # trailing window 2: [0], [0,1], [1,nan], [nan,3], [3,5]
-    assert reproduce.moving_average(x, 2).tolist() == [[0.0, 0.5, 1.0, 3.0, 4.0]]
+    assert runlog.moving_average(x, 2).tolist() == [[0.0, 0.5, 1.0, 3.0, 4.0]]
     assert reproduce.first_step_reaching(np.array([0.1, 0.3, 0.2, 0.5]), 0.3) == 2  # steps count from 1
     assert reproduce.first_step_reaching(np.array([0.1, 0.2]), 0.3) is None
 
@@ -47,13 +49,13 @@ def test_one_comparison_end_to_end(cache_dir, tmp_path):
 
 
 def test_credit_arithmetic_by_hand():
-    assert reproduce.seeds_apart([0.5, 0.6], [0.3, 0.49])
-    assert not reproduce.seeds_apart([0.5, 0.6], [0.3, 0.5])  # a tie overlaps
-    assert not reproduce.seeds_apart([], [0.1]) and not reproduce.seeds_apart([0.5], [])
+    assert credit_study.seeds_apart([0.5, 0.6], [0.3, 0.49])
+    assert not credit_study.seeds_apart([0.5, 0.6], [0.3, 0.5])  # a tie overlaps
+    assert not credit_study.seeds_apart([], [0.1]) and not credit_study.seeds_apart([0.5], [])
     # outcome 0.2, checker 0.6 (gain 0.4), arm 0.4: half the gain; below outcome-only: negative
-    assert reproduce.gap_closed(0.2, 0.6, 0.4) == pytest.approx(0.5)
-    assert reproduce.gap_closed(0.2, 0.6, 0.1) == pytest.approx(-0.25)
-    assert reproduce.gap_closed(0.5, 0.5, 0.7) is None and reproduce.gap_closed(0.5, 0.4, 0.7) is None
+    assert credit_study.gap_closed(0.2, 0.6, 0.4) == pytest.approx(0.5)
+    assert credit_study.gap_closed(0.2, 0.6, 0.1) == pytest.approx(-0.25)
+    assert credit_study.gap_closed(0.5, 0.5, 0.7) is None and credit_study.gap_closed(0.5, 0.4, 0.7) is None
 
 
 def save_weights(folder, **tensors):
@@ -84,11 +86,11 @@ def test_weight_change_is_the_rms_of_the_difference_by_hand(tmp_path):
     b = save_weights(tmp_path / "b", w=torch.tensor([[1.0, 2.0], [3.0, 7.0]]), b=torch.tensor([4.0, 0.0]),
                      extra=torch.ones(5))  # only the parameters both hold are compared
     # differences 0, 0, 0, 3, 4, 0 over 6 parameters: sqrt((9 + 16) / 6)
-    assert reproduce.weight_change(a, b) == pytest.approx((25 / 6) ** 0.5)
-    assert reproduce.weight_change(a, a) == 0.0
+    assert credit_study.weight_change(a, b) == pytest.approx((25 / 6) ** 0.5)
+    assert credit_study.weight_change(a, a) == 0.0
     c = save_weights(tmp_path / "c", other=torch.ones(1))
     with pytest.raises(ValueError, match="share no parameter"):
-        reproduce.weight_change(a, c)
+        credit_study.weight_change(a, c)
 
 
 def test_steps_to_reach_uses_full_windows_only():
@@ -103,12 +105,12 @@ def test_credit_report_reads_gains_against_the_arms_own_baseline_and_checker(tmp
             "step-nf": [fake_run(s, [0.1, 0.2, 0.3, 0.4], e, folder=tmp_path / "s", step=0.003 * s)
                         for s, e in ((1, 0.30), (2, 0.34))],
             "implicit-nf-mixed": [fake_run(s, [0.1, 0.1, 0.1, 0.2], e, folder=tmp_path / "i") for s, e in ((1, 0.11), (2, 0.31))]}
-    text, stats = reproduce.credit_report("sparse", list(runs), runs, window=2)
+    text, stats = credit_study.credit_report("sparse", list(runs), runs, window=2)
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()[2:]}
-    step = rows[reproduce.CREDIT_LABELS["step-nf"]]
+    step = rows[credit_study.CREDIT_LABELS["step-nf"]]
     # gain 0.32 - 0.11 = +0.21, seeds apart (0.30 > 0.12); outcome's final 2-step mean 0.1 is reached at step 2
     assert "+0.210 (yes)" in step and "| 2, 2 |" in step
-    implicit = rows[reproduce.CREDIT_LABELS["implicit-nf-mixed"]]
+    implicit = rows[credit_study.CREDIT_LABELS["implicit-nf-mixed"]]
     # gain 0.21 - 0.11 = +0.100, seeds overlap (0.11 < 0.12); share of the checker's gain 0.10 / 0.21 = 0.48
     assert "+0.100 (no)" in implicit and "| 0.48 |" in implicit
     assert stats["step-nf"]["end_sampled"] == [0.30, 0.34]
@@ -118,20 +120,20 @@ def test_credit_report_reads_gains_against_the_arms_own_baseline_and_checker(tmp
 
 
 def test_credit_arms_are_complete_and_shared_runs_keep_their_names():
-    for arm, spec in reproduce.CREDIT_ARMS.items():
-        assert arm in reproduce.CREDIT_LABELS and spec["baseline"] in reproduce.CREDIT_ARMS
-        assert spec["checker"] in reproduce.CREDIT_ARMS
-    assert all(set(arms) <= set(reproduce.CREDIT_ARMS) for arms in reproduce.CREDIT.values())
-    assert reproduce.credit_run_name("default", "outcome") == "rloo"  # prime-vs-rloo's run, not a second one
-    assert reproduce.credit_run_name("default", "implicit") == "prime"
-    assert reproduce.credit_run_name("sparse", "outcome") == "credit-sparse-outcome"
-    for setting, arm, flags in reproduce.credit_runs(list(reproduce.SETTINGS), None):
-        reproduce.train_config(flags)  # every study run's flags parse and pass train.check_args
+    for arm, spec in credit_study.CREDIT_ARMS.items():
+        assert arm in credit_study.CREDIT_LABELS and spec["baseline"] in credit_study.CREDIT_ARMS
+        assert spec["checker"] in credit_study.CREDIT_ARMS
+    assert all(set(arms) <= set(credit_study.CREDIT_ARMS) for arms in credit_study.CREDIT.values())
+    assert credit_study.credit_run_name("default", "outcome") == "rloo"  # prime-vs-rloo's run, not a second one
+    assert credit_study.credit_run_name("default", "implicit") == "prime"
+    assert credit_study.credit_run_name("sparse", "outcome") == "credit-sparse-outcome"
+    for setting, arm, flags in credit_study.credit_runs(list(credit_study.SETTINGS), None):
+        reproduce.train_config(flags)  # every study run's flags parse and pass config.check_args
 
 
 def test_slipped_lines_are_the_lines_whose_arithmetic_is_wrong():
-    assert reproduce.slipped_lines("7+5=12\n12*3=35\n35-4=31\n\\boxed{31}") == [False, True, False, False]
-    assert reproduce.slipped_lines("7+5=13\nnonsense\n\\boxed{9}") == [True, False, False]
+    assert credit_study.slipped_lines("7+5=12\n12*3=35\n35-4=31\n\\boxed{31}") == [False, True, False, False]
+    assert credit_study.slipped_lines("7+5=13\nnonsense\n\\boxed{9}") == [True, False, False]
 
 
 def test_blame_stats_by_hand():
@@ -146,7 +148,7 @@ def test_blame_stats_by_hand():
     right = {**b, "outcome": 1.0}                      # right responses are not read
     early = {**b, "step": 1}                           # nor steps up to after_step
     clean = {**b, "response": "7+5=12\n12*3=36\n\\boxed{37}"}  # nor wrong ones with no slip
-    got = reproduce.blame_stats([a, b, right, early, clean], after_step=2)
+    got = credit_study.blame_stats([a, b, right, early, clean], after_step=2)
     assert got["responses"] == 2 and got["slips_per_response"] == 1.5
     assert got["first"] == 0.5 and got["any"] == 1.0
     assert got["normaliser"] == pytest.approx(7.5)     # median of 10 (a) and 5 (b)
@@ -156,39 +158,39 @@ def test_blame_stats_by_hand():
     assert got["slip_reward"] == pytest.approx(-2.3 / 3) and got["clean_reward"] == pytest.approx(0.05)
     assert got["clean_sd"] == pytest.approx(0.05)
     assert got["separation"] == pytest.approx((0.05 + 2.3 / 3) / 0.05)
-    assert np.isnan(reproduce.blame_stats([right], after_step=0)["first"])
+    assert np.isnan(credit_study.blame_stats([right], after_step=0)["first"])
 
 
 def test_an_arm_with_fewer_seeds_is_compared_seed_for_seed(tmp_path):
     runs = {"outcome-nf": [fake_run(s, [0.1] * 4, e, folder=tmp_path / "o") for s, e in ((1, 0.10), (2, 0.20), (3, 0.30))],
             "step-nf": [fake_run(s, [0.1] * 4, e, folder=tmp_path / "s") for s, e in ((1, 0.20), (2, 0.30), (3, 0.40))],
             "implicit-nf-mixed": [fake_run(1, [0.1] * 4, 0.15, folder=tmp_path / "i")]}
-    text, _ = reproduce.credit_report("sparser", list(runs), runs, window=2)
-    implicit = [line for line in text.splitlines() if line.startswith(f"| {reproduce.CREDIT_LABELS['implicit-nf-mixed']} |")][0]
+    text, _ = credit_study.credit_report("sparser", list(runs), runs, window=2)
+    implicit = [line for line in text.splitlines() if line.startswith(f"| {credit_study.CREDIT_LABELS['implicit-nf-mixed']} |")][0]
     # seed 1 only: 0.15 - 0.10 = +0.05 over outcome's seed 1 (not -0.05 under its 3-seed mean 0.20),
     # one seed, so no seed-range verdict; the checker's seeds overlap outcome's (0.20, 0.30 < 0.30):
     # no measured gap to take a share of
     assert "| +0.050 (one seed) | no measured gap |" in implicit
     runs["step-nf"] = [fake_run(s, [0.1] * 4, e, folder=tmp_path / "s2") for s, e in ((1, 0.35), (2, 0.40), (3, 0.45))]
-    text, _ = reproduce.credit_report("sparser", list(runs), runs, window=2)
-    implicit = [line for line in text.splitlines() if line.startswith(f"| {reproduce.CREDIT_LABELS['implicit-nf-mixed']} |")][0]
+    text, _ = credit_study.credit_report("sparser", list(runs), runs, window=2)
+    implicit = [line for line in text.splitlines() if line.startswith(f"| {credit_study.CREDIT_LABELS['implicit-nf-mixed']} |")][0]
     assert "| +0.050 (one seed) | 0.20 |" in implicit  # (0.15 - 0.10) / (0.35 - 0.10), seed 1
     stats = {"seeds": [1, 2, 3], "end_sampled": [0.1, 0.2, 0.3]}
-    assert reproduce.same_seeds(stats, [1]) == [0.1]
-    assert reproduce.same_seeds(stats, [4]) == [0.1, 0.2, 0.3]  # none shared: all
+    assert credit_study.same_seeds(stats, [1]) == [0.1]
+    assert credit_study.same_seeds(stats, [4]) == [0.1, 0.2, 0.3]  # none shared: all
 
 
 def test_a_baseline_and_checker_recorded_by_an_earlier_report_stand_in_for_their_runs(tmp_path):
     runs = {"outcome-nf": [fake_run(s, [0.1] * 4, e, folder=tmp_path / "o") for s, e in ((1, 0.10), (2, 0.12))],
             "step-nf": [fake_run(s, [0.1, 0.2, 0.3, 0.4], e, folder=tmp_path / "s") for s, e in ((1, 0.30), (2, 0.34))],
             "step-nf-gamma": [fake_run(s, [0.1, 0.1, 0.2, 0.2], e, folder=tmp_path / "g") for s, e in ((1, 0.20), (2, 0.16))]}
-    text, stats = reproduce.credit_report("sparser", list(runs), runs, window=2)
-    full = [line for line in text.splitlines() if line.startswith(f"| {reproduce.CREDIT_LABELS['step-nf-gamma']} |")][0]
+    text, stats = credit_study.credit_report("sparser", list(runs), runs, window=2)
+    full = [line for line in text.splitlines() if line.startswith(f"| {credit_study.CREDIT_LABELS['step-nf-gamma']} |")][0]
     # by hand: gain 0.18 - 0.11 = +0.070, seeds apart (0.16 and 0.20 above 0.10 and 0.12); share of the
     # checker's (apart, +0.21) gain 0.07 / 0.21 = 0.33; outcome's final 2-step mean 0.1 is reached at step 2
     assert "| 2, 2 | +0.070 (yes) | 0.33 |" in full
-    alone, _ = reproduce.credit_report("sparser", ["step-nf-gamma"], {"step-nf-gamma": runs["step-nf-gamma"]}, window=2,
+    alone, _ = credit_study.credit_report("sparser", ["step-nf-gamma"], {"step-nf-gamma": runs["step-nf-gamma"]}, window=2,
                                        recorded={a: stats[a] for a in ("outcome-nf", "step-nf")})
     assert alone.splitlines()[2] == full  # the same row from the recorded numbers as from the runs
-    bare, _ = reproduce.credit_report("sparser", ["step-nf-gamma"], {"step-nf-gamma": runs["step-nf-gamma"]}, window=2)
+    bare, _ = credit_study.credit_report("sparser", ["step-nf-gamma"], {"step-nf-gamma": runs["step-nf-gamma"]}, window=2)
     assert "| n/a | n/a | n/a |" in bare.splitlines()[2]  # nothing to compare with: said, not guessed

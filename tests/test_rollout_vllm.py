@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import config
+import microbatch
 import toy_task
-import train
 from conftest import SFT_STEPS
 from rollout import HFRollout, VLLMRollout, cut_at_eos, left_pad
 
@@ -78,7 +79,7 @@ def prompts_of(tokenizer, n=6):
 def max_logprob_gap(model, ro) -> float:
     """max over response tokens of |HF log-prob (train.py's recomputation) - sampler's log-prob|."""
     with torch.no_grad():
-        recomputed = train.response_logprobs(model, ro, TEMPERATURE)
+        recomputed = microbatch.response_logprobs(model, ro, TEMPERATURE)
     return ((recomputed - ro.sampler_logprobs).abs() * ro.response_mask).max().item()
 
 
@@ -199,20 +200,20 @@ def test_torchrun_two_ranks_each_with_its_engine(vllm, sft_path, tmp_path):
 
 def test_rollout_flag_and_its_default(monkeypatch, capsys):
     import importlib.util
-    assert train.parse_args(["--rollout", "hf"]).rollout == "hf"
+    assert config.parse_args(["--rollout", "hf"]).rollout == "hf"
     if importlib.util.find_spec("vllm"):
-        assert train.parse_args(["--rollout", "vllm"]).rollout == "vllm"
+        assert config.parse_args(["--rollout", "vllm"]).rollout == "vllm"
     else:  # the quickstart's install: the flag is refused with what to do, before anything loads
         with pytest.raises(SystemExit):
-            train.parse_args(["--rollout", "vllm"])
+            config.parse_args(["--rollout", "vllm"])
         assert "--rollout vllm: vLLM is not installed" in capsys.readouterr().err
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert train.default_rollout() == "hf"  # vLLM on CPU is slower than HF generate for small models
+    assert config.default_rollout() == "hf"  # vLLM on CPU is slower than HF generate for small models
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    assert train.default_rollout() == "hf"
+    assert config.default_rollout() == "hf"
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
-    assert train.default_rollout() == "vllm"
+    assert config.default_rollout() == "vllm"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")

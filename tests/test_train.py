@@ -1,5 +1,6 @@
 """train.py end to end on CPU: the real entry point, the real tiny model, tiny budgets."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -11,6 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import config
+import ddp
+import eval as evaluation
+import microbatch
 import data
 import toy_task
 import train
@@ -92,7 +97,7 @@ def test_recomputed_old_logprobs_equal_the_samplers_on_left_padded_prompts(cache
     sampler = HFRollout(model, tokenizer, max_new_tokens=24, temperature=0.7)
     ro = sampler.generate(prompts, n=2, return_logprobs=True)
     assert ro.prompt_mask[:, 0].min() == 0  # some rows really are left-padded
-    recomputed = train.response_logprobs(model, ro, temperature=0.7)
+    recomputed = microbatch.response_logprobs(model, ro, temperature=0.7)
     mask = ro.response_mask.bool()
     assert torch.allclose(recomputed[mask], ro.sampler_logprobs[mask], atol=1e-4)
     assert ro.sampler_logprobs[mask].min() < -0.1  # some sampled tokens were not near-certain
@@ -229,9 +234,9 @@ def test_n_samples_below_two_with_rloo(cache_dir, tmp_path):
 
 
 def test_batch_not_divisible_by_world_size():
-    args = train.Args(prompts_per_step=5)
+    args = config.Args(prompts_per_step=5)
     with pytest.raises(SystemExit, match="not divisible by the world size 2"):
-        train.step_prompts(args, [], toy_task.build_tokenizer(), 0, train.Dist(rank=0, world=2))
+        train.step_prompts(args, [], toy_task.build_tokenizer(), 0, ddp.Dist(rank=0, world=2))
 
 
 def test_memory_estimate_refuses_a_7b_model_on_an_80gb_gpu(cache_dir, tmp_path):
@@ -271,13 +276,13 @@ def test_verl_parquet_and_jsonl_rows_become_tasks(tmp_path):
              "prompt": [{"role": "user", "content": "4-1\n"}],
              "reward_model": {"style": "rule", "ground_truth": "3"}}]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
-    args = train.Args(data=str(tmp_path / "train.parquet"), eval_problems=0)
+    args = config.Args(data=str(tmp_path / "train.parquet"), eval_problems=0)
     tasks, held = data.load_tasks(args, tokenizer)
     assert [t.answer for t in tasks] == ["9", "3"] and held == []
     assert tokenizer.decode(tasks[0].prompt_ids) == "(1+2)*3\n\n"  # the chat template was applied
     assert tasks[0].kind == "math"
     (tmp_path / "t.jsonl").write_text(json.dumps({"problem": "2*4", "answer": 8}) + "\n")
-    args = train.Args(data=str(tmp_path / "t.jsonl"), user_suffix="=", eval_problems=0)
+    args = config.Args(data=str(tmp_path / "t.jsonl"), user_suffix="=", eval_problems=0)
     tasks, _ = data.load_tasks(args, tokenizer)
     assert tasks[0].answer == "8" and tokenizer.decode(tasks[0].prompt_ids) == "2*4=\n"
 
@@ -308,7 +313,7 @@ def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
                           "--micro-batch-size", "8", "--filter-low", "0", "--filter-high", "1", *flags])
     metrics = metrics_of(run_dir)
     assert len(metrics) == 2
-    args = train.parse_args(flags)
+    args = config.parse_args(flags)
     if args.process != "none" and any(m["kept_groups"] for m in metrics):  # wrong responses -> localisation
         episodes = [json.loads(l) for l in (run_dir / "episodes.jsonl").read_text().splitlines()]
         assert episodes and all("first_wrong_step" in e for e in episodes)
@@ -329,10 +334,10 @@ def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
         assert all(m["process_reward_abs_mean"] > 0 for m in kept)
     if args.process in ("opd", "gopd"):  # teacher != student: a signal from the first step on
         assert all(m["process_reward_abs_mean"] > 0 for m in kept)
-    config = json.loads((run_dir / "config.json").read_text())
-    changed = {k: v for k, v in train.dataclasses.asdict(train.parse_args(flags)).items()
-               if v != getattr(train.Args(), k)}
-    assert changed and {k: config[k] for k in changed} == changed  # the run used the flags it was given
+    saved = json.loads((run_dir / "config.json").read_text())
+    changed = {k: v for k, v in dataclasses.asdict(config.parse_args(flags)).items()
+               if v != getattr(config.Args(), k)}
+    assert changed and {k: saved[k] for k in changed} == changed  # the run used the flags it was given
 
 
 def test_qa_rows_become_hotpotqa_style_tasks(tmp_path):
@@ -342,7 +347,7 @@ def test_qa_rows_become_hotpotqa_style_tasks(tmp_path):
              "context": {"title": ["A", "B"], "sentences": [["a1.", "a2."], ["b1."]]}},
             {"question": "Q3?", "answer": "x"}]
     (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = train.Args(data=str(tmp_path / "qa.jsonl"), task="qa", prompt_key="question", max_prompt_len=10_000,
+    args = config.Args(data=str(tmp_path / "qa.jsonl"), task="qa", prompt_key="question", max_prompt_len=10_000,
                       eval_problems=0)
     tasks, _ = data.load_tasks(args, tokenizer)
     assert [t.kind for t in tasks] == ["qa"] * 3
@@ -351,7 +356,7 @@ def test_qa_rows_become_hotpotqa_style_tasks(tmp_path):
     assert tasks[1].answer == ["NYC", "New York"]  # aliases stay a list: verify.py takes the best match
     assert tasks[2].text == "Q3?" + data.QA_SUFFIX  # no context field: the question alone
     assert "Final Answer: [Entity]" in data.QA_SUFFIX
-    tasks, _ = data.load_tasks(train.Args(data=str(tmp_path / "qa.jsonl"), task="qa", prompt_key="question",
+    tasks, _ = data.load_tasks(config.Args(data=str(tmp_path / "qa.jsonl"), task="qa", prompt_key="question",
                                            max_prompt_len=10_000, eval_problems=0, user_suffix=""), tokenizer)
     assert tasks[2].text == "Q3?"  # --user-suffix '' means no suffix at all
 
@@ -376,25 +381,25 @@ def test_sampled_heldout_accuracy_near_zero_temperature_equals_greedy_and_keeps_
     path = toy_task.sft_checkpoint(cache_dir, SFT_STEPS)
     model = AutoModelForCausalLM.from_pretrained(path)
     tokenizer = toy_task.build_tokenizer()
-    args = train.Args(temperature=1e-4, eval_problems=24, max_response_len=96, rollout="hf")
+    args = config.Args(temperature=1e-4, eval_problems=24, max_response_len=96, rollout="hf")
     _, tasks = data.load_tasks(args, tokenizer)
-    d = train.Dist()
+    d = ddp.Dist()
     state = torch.get_rng_state()
-    greedy = train.heldout_accuracy(model, tokenizer, tasks, args, d)
-    sampled = train.heldout_accuracy(model, tokenizer, tasks, args, d, samples=3)
+    greedy = evaluation.heldout_accuracy(model, tokenizer, tasks, args, d)
+    sampled = evaluation.heldout_accuracy(model, tokenizer, tasks, args, d, samples=3)
     assert torch.equal(torch.get_rng_state(), state)
     assert sampled == pytest.approx(greedy)
     # at T = 1 the value is a mean over 3 samples of 24 problems, and the same each time
-    args = train.Args(temperature=1.0, eval_problems=24, max_response_len=96, rollout="hf")
-    first = train.heldout_accuracy(model, tokenizer, tasks, args, d, samples=3)
+    args = config.Args(temperature=1.0, eval_problems=24, max_response_len=96, rollout="hf")
+    first = evaluation.heldout_accuracy(model, tokenizer, tasks, args, d, samples=3)
     assert first * 72 == pytest.approx(round(first * 72))
-    assert train.heldout_accuracy(model, tokenizer, tasks, args, d, samples=3) == first
+    assert evaluation.heldout_accuracy(model, tokenizer, tasks, args, d, samples=3) == first
 
 
 def test_progress_bar_names_what_runs():
-    assert train.run_label(train.Args()) == "PRIME"
-    assert train.run_label(train.Args(process="none")) == "RLOO + outcome only"
-    assert train.run_label(train.Args(estimator="pass", process="step")) == "PASS + step PRM"
+    assert train.run_label(config.Args()) == "PRIME"
+    assert train.run_label(config.Args(process="none")) == "RLOO + outcome only"
+    assert train.run_label(config.Args(estimator="pass", process="step")) == "PASS + step PRM"
 
 
 def test_filter_groups_puts_mixed_groups_first_for_the_prm():
@@ -403,7 +408,7 @@ def test_filter_groups_puts_mixed_groups_first_for_the_prm():
     from types import SimpleNamespace
     outcome = torch.tensor([0., 0., 1., 0., 1., 1., 0., 1.])
     ro = SimpleNamespace(truncated=torch.zeros(8, dtype=torch.bool))
-    args = train.parse_args(["--n-samples", "2", "--filter-low", "0", "--filter-high", "1", "--prm-groups", "mixed"])
+    args = config.parse_args(["--n-samples", "2", "--filter-low", "0", "--filter-high", "1", "--prm-groups", "mixed"])
     rows, n_groups, n_train, n_prm = train.filter_groups(outcome, ro, args)
     assert rows.tolist() == [2, 3, 6, 7, 0, 1, 4, 5] and (n_groups, n_train, n_prm) == (4, 8, 4)
     args.prm_groups = "kept"  # the paper: every kept group, in order
@@ -420,7 +425,7 @@ def test_filter_groups_puts_mixed_groups_first_for_the_prm():
 def test_pairwise_accuracy_counts_the_mixed_groups_only():
     """An all-wrong group scores 0.5 in prime.prm_pairwise_accuracy whatever the scores; the logged
     accuracy leaves it out. K = 2: group 0 mixed and ranked right (1.0), group 1 all wrong."""
-    args = train.parse_args(["--n-samples", "2"])
+    args = config.parse_args(["--n-samples", "2"])
     score, outcome = torch.tensor([2.0, -1.0, 5.0, -5.0]), torch.tensor([1.0, 0.0, 0.0, 0.0])
     assert train.pairwise_accuracy_sum(score, outcome, 4, args) == [1.0, 1]
     assert train.pairwise_accuracy_sum(score, outcome, 2, args) == [1.0, 1]  # rows past n_train ignored
@@ -443,9 +448,9 @@ def test_prm_learns_from_its_rows_only_and_rewards_the_rest_from_the_same_prm(ca
     ro = sampler.generate([tokenizer(p.prompt)["input_ids"] for p in toy_task.make_problems(3, seed=7)], n=2)
     mask = ro.response_mask.float()
     outcome = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
-    args = train.parse_args(["--n-samples", "2", "--micro-batch-size", "2"])
-    logp_ref = train.logprobs_no_grad(ref, ro, args)
-    d = train.Dist(device=torch.device("cpu"))
+    args = config.parse_args(["--n-samples", "2", "--micro-batch-size", "2"])
+    logp_ref = microbatch.logprobs_no_grad(ref, ro, args)
+    d = ddp.Dist(device=torch.device("cpu"))
 
     def fresh():  # a PRM that has moved off the reference (the same way each time): non-zero rewards
         prm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -456,11 +461,13 @@ def test_prm_learns_from_its_rows_only_and_rewards_the_rest_from_the_same_prm(ca
         return prm, torch.optim.AdamW(prm.parameters(), lr=1e-3)
 
     prm, opt = fresh()
-    before = train.logprobs_no_grad(prm, ro, args)
-    rewards, losses = train.implicit_prm_step(prm, opt, ro, logp_ref, mask, outcome, 6, args, d, True, n_prm=2)
+    before = microbatch.logprobs_no_grad(prm, ro, args)
+    rewards, losses = train.implicit_prm_step(prm, opt, train.Batch(ro, outcome, mask, None, [], [], 6, 2), logp_ref,
+                                              args, d)
     alone, opt_alone = fresh()
     first = ro.select(slice(0, 2))
-    train.implicit_prm_step(alone, opt_alone, first, logp_ref[:2], mask[:2], outcome[:2], 2, args, d, True)
+    train.implicit_prm_step(alone, opt_alone, train.Batch(first, outcome[:2], mask[:2], None, [], [], 2, 2),
+                            logp_ref[:2], args, d)
     for a, b in zip(prm.parameters(), alone.parameters()):
         assert torch.equal(a, b)
     assert len(losses) == 1 and any(not torch.equal(a, b) for a, b in zip(prm.parameters(), ref.parameters()))
@@ -498,7 +505,7 @@ def test_critic_values_read_the_state_before_each_response_token(cache_dir):
     prompts[0] = prompts[0][-4:]  # left padding in row 0
     ro = sampler.generate(prompts, n=1)
     with torch.no_grad():
-        values = train.critic_values(critic, ro)
+        values = microbatch.critic_values(critic, ro)
         for i in range(2):  # each row alone, unpadded: V before token t = output at prompt_len - 1 + t
             ids = torch.tensor([prompts[i] + ro.response_ids[i][ro.response_mask[i].bool()].tolist()])
             out = critic(input_ids=ids).logits[0, :, 0]
@@ -522,7 +529,7 @@ def test_prime_rl_data_schema_mixes_math_and_code_rows():
     ground truths are JSON tests, stdin/stdout and call-based, and a right program passes them all."""
     import verify
     tokenizer = toy_task.build_tokenizer()
-    args = train.Args(data=str(EURUS), max_prompt_len=10_000, eval_problems=0)
+    args = config.Args(data=str(EURUS), max_prompt_len=10_000, eval_problems=0)
     tasks, held = data.load_tasks(args, tokenizer)
     assert [t.kind for t in tasks] == ["math"] * 4 + ["code"] * 4 and held == []
     assert tasks[0].text.startswith("What is 3+4?") and tasks[2].answer == "\\frac{3}{2}"

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import sandbox  # noqa: E402
 import verify  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -316,9 +317,9 @@ def _ready_pool() -> list[int]:
     """Wait until every worker of the (default-size) pool is warm; return their pids."""
     deadline = time.monotonic() + 60
     verify.score_batch(["\\boxed{1}"], ["1"], ["math"])  # starts the pool if there is none
-    while not all(w.ready for w in verify._pool) and time.monotonic() < deadline:
+    while not all(w.ready for w in sandbox._pool) and time.monotonic() < deadline:
         verify.score_batch(["\\boxed{1}"], ["1"], ["math"])
-    assert len(verify._pool) == len(os.sched_getaffinity(0))
+    assert len(sandbox._pool) == len(os.sched_getaffinity(0))
     return _worker_pids()
 
 
@@ -329,7 +330,7 @@ def test_pool_is_reused_resized_and_shut_down():
     assert _worker_pids() == workers  # the same processes serve the next batch
     assert verify.score_batch(["\\boxed{2}"], ["2"], ["math"], workers=1)[0].reward == 1.0
     assert len(_worker_pids()) == 1 and set(_worker_pids()) <= set(workers)
-    verify.shutdown()
+    sandbox.shutdown()
     assert _worker_pids() == []
     assert list(Path(tempfile.gettempdir()).glob(f"{MINE}*")) == []  # scratch dirs removed
     assert verify.math_reward("\\boxed{3}", "3") == 1.0  # a fresh pool after a shutdown
@@ -363,7 +364,7 @@ def _kill_busy_workers(times: int) -> threading.Thread:
     def kill():
         killed, deadline = set(), time.monotonic() + 60
         while len(killed) < times and time.monotonic() < deadline:
-            for worker in list(verify._pool):
+            for worker in list(sandbox._pool):
                 if worker.item is not None and worker.process.pid not in killed:
                     time.sleep(0.3)  # let it get going
                     os.kill(worker.process.pid, signal.SIGKILL)
@@ -389,7 +390,7 @@ def test_item_whose_worker_dies_is_retried_once(deaths, reason):
 def test_interrupted_batch_leaves_no_stale_answers():
     """Ctrl-C during a batch: the workers still busy with it must not answer into the next one."""
     _ready_pool()
-    n = len(verify._pool)
+    n = len(sandbox._pool)
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
@@ -621,12 +622,12 @@ def test_process_count_is_limited(no_leftovers):
 
 def test_program_cannot_kill_its_parent_or_the_workers(no_leftovers):
     workers = _ready_pool()
-    targets = [] if verify.sandbox_mode() == "rlimits" else [os.getpid(), *workers]
+    targets = [] if sandbox.sandbox_mode() == "rlimits" else [os.getpid(), *workers]
     program = ("import os, signal\nfor pid in " + repr(targets) + " + [os.getppid()]:\n"
                "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n"
                "        pass\nprint('done')")
     score = score_code(program, ONE_TEST)
-    if verify.sandbox_mode() == "rlimits":  # same user: it kills its parent, a worker, replaced
+    if sandbox.sandbox_mode() == "rlimits":  # same user: it kills its parent, a worker, replaced
         assert score.reward == 0.0 and score.reason.startswith("error: verify worker died")
     else:  # as 'nobody' it cannot signal root's processes: every kill failed, it ran to the end
         assert score == verify.Score(1.0, 1, "ok")
@@ -635,19 +636,19 @@ def test_program_cannot_kill_its_parent_or_the_workers(no_leftovers):
 
 
 def test_sandbox_sees_a_minimal_environment_only(no_leftovers):
-    verify.shutdown()  # new workers inherit the secret below: the sandbox must still not see it
+    sandbox.shutdown()  # new workers inherit the secret below: the sandbox must still not see it
     os.environ["VERIFY_TEST_SECRET"] = "hunter2"
     try:
         program = "import os\nprint(os.environ.get('VERIFY_TEST_SECRET', 'absent'))"
         assert score_code(program, {"inputs": [""], "outputs": ["hunter2"]}).reward == 0.0
         worker = _worker_pids()[0]
         assert b"VERIFY_TEST_SECRET=hunter2" in Path(f"/proc/{worker}/environ").read_bytes()
-        names = " ".join(sorted(verify.SANDBOX_ENV))
+        names = " ".join(sorted(sandbox.SANDBOX_ENV))
         assert score_code("import os\nprint(*sorted(os.environ))",
                           {"inputs": [""], "outputs": [names]}).reward == 1.0
     finally:
         del os.environ["VERIFY_TEST_SECRET"]
-        verify.shutdown()
+        sandbox.shutdown()
 
 
 SLEEPER = "import time\ntime.sleep(600)"
@@ -658,7 +659,7 @@ SLEEPING_GRANDCHILD = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n  
 @pytest.mark.parametrize("program", [
     SLEEPER,
     pytest.param(SLEEPING_GRANDCHILD, marks=pytest.mark.skipif(
-        verify.sandbox_mode() != "namespaces", reason="needs a PID namespace")),
+        sandbox.sandbox_mode() != "namespaces", reason="needs a PID namespace")),
 ])
 def test_worker_killed_mid_code_item_leaves_nothing_behind(program, no_leftovers):
     """The sandbox dies with the worker that started it (parent-death signals, PID namespace)."""
@@ -669,10 +670,10 @@ def test_worker_killed_mid_code_item_leaves_nothing_behind(program, no_leftovers
     assert score.reward == 0.0 and score.reason.startswith("error: verify worker died"), score
 
 
-@pytest.mark.skipif(verify.sandbox_mode() == "rlimits", reason="needs root to drop to 'nobody'")
+@pytest.mark.skipif(sandbox.sandbox_mode() == "rlimits", reason="needs root to drop to 'nobody'")
 def test_sandbox_cannot_write_outside_its_directory(tmp_path, no_leftovers):
     targets = [tmp_path / "escaped.txt", Path(__file__).resolve().parents[1] / "escaped.txt"]
-    if verify.sandbox_mode() == "namespaces":  # only then is the world-writable /tmp private
+    if sandbox.sandbox_mode() == "namespaces":  # only then is the world-writable /tmp private
         targets.append(Path(tempfile.gettempdir()) / f"verify-escape-{os.getpid()}.txt")
     program = (f"for target in {[str(t) for t in targets]!r}:\n    try:\n"
                "        open(target, 'w').write('x')\n    except OSError:\n        pass\n"
@@ -681,7 +682,7 @@ def test_sandbox_cannot_write_outside_its_directory(tmp_path, no_leftovers):
     assert [t for t in targets if t.exists()] == []
 
 
-@pytest.mark.skipif(verify.sandbox_mode() != "namespaces", reason="needs PID/network namespaces")
+@pytest.mark.skipif(sandbox.sandbox_mode() != "namespaces", reason="needs PID/network namespaces")
 def test_sandbox_has_no_network(no_leftovers):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

@@ -1,0 +1,330 @@
+"""train.py's configuration: every option is a field of `Args`, its docstring the `--help` text.
+
+    args = parse_args(["--estimator", "grpo", "--process", "none"])   # what `python train.py ...` parses
+
+`parse_args` applies a `--preset`, then `check_args` checks every value against its domain
+(DOMAINS) and every combination that cannot work, naming the flag, before anything is loaded or
+written (exit code 2, like argparse).
+"""
+
+import argparse
+import ast
+import importlib.util
+import inspect
+import math
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+import toy_task
+import verify
+
+
+def default_rollout() -> str:
+    """--rollout default: vLLM where it is installed and a GPU is present (much faster there), else HF."""
+    return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
+
+
+@dataclass
+class Args:
+    # --- what to train on
+    model: str = ""
+    """policy/PRM/reference initialisation: a local path or hub name of a causal LM; empty = the embedded tiny model after its SFT warmup"""
+    data: str = ""
+    """training prompts: a .jsonl or .parquet file; empty = the embedded arithmetic task"""
+    toy_ops: str = "3-6"
+    """embedded task: operations per chain, MIN-MAX (longer chains: more steps to slip on, sparser outcomes)"""
+    toy_slip: float = 0.15
+    """embedded task: the SFT demonstrator's chance of a wrong result at each step (0 = a clean demonstrator)"""
+    prompt_key: str = "problem"
+    """field holding the question (ignored for veRL-schema files, whose `prompt` is chat messages)"""
+    answer_key: str = "answer"
+    """field holding the gold answer (veRL schema: reward_model.ground_truth)"""
+    math_grader: str = "math-verify"
+    """who finds a math response's answer: 'math-verify' (its own extraction: boxed, several boxes, "final answer is") or 'official' (the last \\boxed{} only, as PRIME's grader)"""
+    task: str = "math"
+    """what a plain --data row is: 'math' (boxed answer, math-verify) or 'qa' (HotpotQA-style, "Final Answer: ..." exact match)"""
+    context_key: str = "context"
+    """--task qa: field with the supporting paragraphs (a string, or HotpotQA's title/sentences lists); optional"""
+    user_suffix: str = "default"
+    """appended to each question; 'default' = the task's own (math: the paper's \\boxed instruction; qa: PASS's Final Answer one); '' = none"""
+    system_prompt: str = ""
+    """optional system message for the chat template"""
+    preset: str = ""
+    """named hyper-parameter sets: 'paper' (the paper's 7B run) or '1.5b' (fits plain DDP on 80 GB GPUs)"""
+    # --- the RL loop
+    steps: int = 100
+    """RL iterations"""
+    prompts_per_step: int = 32
+    """prompts sampled per iteration, over all ranks (paper: 256)"""
+    n_samples: int = 4
+    """K, responses per prompt (paper: 4)"""
+    max_prompt_len: int = 64
+    """prompts longer than this are dropped from the data with a warning (paper: 1024)"""
+    max_response_len: int = 96
+    """max new tokens per response (paper: 3072)"""
+    temperature: float = 1.0
+    """rollout temperature (paper: 1.0)"""
+    top_p: float = 1.0
+    """rollout nucleus sampling (paper: 1.0)"""
+    # --- PRIME's choices
+    estimator: str = "rloo"
+    """advantage estimator: rloo | grpo | reinforce | prm-value | pass | ppo (a learned critic and GAE)"""
+    process: str = "implicit"
+    """process signal: 'implicit' (PRIME's online PRM), 'opd' / 'gopd' (teacher vs student log-probs), 'step' (a step-level PRM), 'none' (outcome only: the RLOO/GRPO baselines)"""
+    rloo_form: str = "official"
+    """'official' (PRIME's compute_rloo_returns) or 'paper' (Eq. 5 literally); same sequence sums"""
+    process_norm: str = "batch"
+    """'batch' = official: raw log-ratio / max |return-to-go| of the batch; 'beta' = paper Eq. 3: beta * log-ratio"""
+    reference: str = "sft"
+    """PRM reference: 'sft' = frozen SFT model (paper default) or 'policy' = the rollout policy (App. B.1)"""
+    prm_update: str = "after"
+    """'after' = single forward (rewards from the pre-update PRM, the paper run); 'before' = double forward"""
+    prm_loss: str = "ce"
+    """PRM objective: 'ce' (Algorithm 1) or 'dpo' (App. C.2)"""
+    prm_online: bool = True
+    """update the implicit PRM during RL; --no-prm-online with --prm-warmup-steps N is the offline PRM of Fig. 5"""
+    prm_warmup_steps: int = 0
+    """before RL, train the implicit PRM on this many batches of the starting policy's rollouts"""
+    prm_groups: str = "kept"
+    """which groups the implicit PRM learns from: 'kept' (every group the filter keeps, as the paper) or 'mixed' (only groups with both right and wrong responses, whose labels contrast); its rewards reach every kept group either way"""
+    teacher: str = ""
+    """--process opd/gopd: a frozen causal LM on the policy's tokenizer; empty = the embedded toy teacher (a longer SFT)"""
+    teacher_sft_steps: int = toy_task.TEACHER_SFT_STEPS
+    """SFT steps of the embedded toy teacher (1500: shipped in checkpoints/; another count is trained into --cache-dir)"""
+    gopd_lambda: float = 1.25
+    """--process gopd: lambda of lambda (l_T - l_B) - (l_theta - l_B), base = the starting policy (PASS v1: 1.25)"""
+    step_scorer: str = "toy"
+    """--process step: 'toy' (the embedded task's exact step checker) or the path of an HF step PRM (e.g. Qwen2.5-Math-PRM-7B)"""
+    step_separator: str = ""
+    """--process step with an HF step PRM: where steps split; empty = blank lines, as Qwen2.5-Math-PRM"""
+    pass_preset: str = "math"
+    """--estimator pass: pass_advantage.PRESETS entry ('math', 'qa' or 'v1'; v1 uses the step PRM's own steps as chunks)"""
+    beta: float = 1.0
+    """implicit-reward scale in the PRM's loss (paper: 0.05 for ~1000-token responses; 1.0 here, see docs/REPRODUCTION.md)"""
+    filter_low: float = 0.2
+    """keep prompt groups with mean accuracy >= this (inclusive)"""
+    filter_high: float = 0.8
+    """keep prompt groups with mean accuracy <= this (inclusive)"""
+    filter_truncated: bool = False
+    """drop a prompt group if any of its responses hit max_response_len (off in the paper run)"""
+    clip_eps: float = 0.2
+    """PPO clip range (Eq. 6)"""
+    dual_clip: float = 0.0
+    """dual-clip PPO's c > 1 for negative advantages (veRL: 3); 0 = off, as PRIME-RL and the paper"""
+    gamma: float = 1.0
+    """discount of the process return (paper: 1.0)"""
+    gae_lambda: float = 1.0
+    """--estimator ppo: GAE's lambda (veRL: 1.0; 0 = one-step TD errors)"""
+    critic_lr: float = 3e-4
+    """--estimator ppo: the critic's AdamW learning rate (veRL: 1e-5 for 7B models; the tiny model needs more)"""
+    critic_warmup_steps: int = 0
+    """--estimator ppo: the policy stays frozen for the first N iterations while the critic fits"""
+    value_clip: float = 0.5
+    """--estimator ppo: the value loss's clip range around the critic's old values (veRL: 0.5); 0 = unclipped"""
+    # --- optimisation
+    policy_lr: float = 3e-5
+    """policy AdamW learning rate (paper: 5e-7 for a 7B model; 1e-4 degraded the tiny model here)"""
+    prm_lr: float = 3e-4
+    """PRM AdamW learning rate (paper: 1e-6 for a 7B model; 3e-4 lets the tiny PRM keep up with the policy here)"""
+    policy_weight_decay: float = 0.01
+    """official actor weight decay"""
+    policy_grad_clip: float = 1.0
+    """official actor gradient-norm clip"""
+    prm_grad_clip: float = 10.0
+    """official PRM gradient-norm clip"""
+    mini_batches: int = 1
+    """optimizer steps per iteration for policy and PRM (paper: 1024 responses / 256 = 4)"""
+    micro_batch_size: int = 64
+    """responses per forward/backward; gradients accumulate across micro-batches"""
+    max_tokens_per_micro_batch: int = 0
+    """token budget of a micro-batch instead of a row count: rows grouped by length, each micro-batch at most N padded tokens (prompt + response); 0 = off"""
+    loss_mean: str = "global"
+    """'global': each optimizer step's loss is the token mean over its whole mini-batch, all ranks (Eq. 6; independent of the split); 'micro': the mean of micro-batch means (the official code, the paper's runs)"""
+    gradient_checkpointing: bool = False
+    """recompute activations in backward to save memory (big models)"""
+    # --- plumbing
+    rollout: str = field(default_factory=default_rollout)
+    """generation backend: 'vllm' (an engine in each rank) or 'hf'; default: vllm where installed and a GPU is present, else hf"""
+    vllm_gpu_memory_utilization: float = 0.3
+    """--rollout vllm: fraction of the WHOLE GPU for vLLM's weights and KV cache; training gets the rest"""
+    vllm_sleep: bool = False
+    """--rollout vllm: free vLLM's GPU memory during the PRM and policy updates (sleep mode; GPU only)"""
+    seed: int = 1
+    """base seed; rank r uses seed + r"""
+    run_name: str = ""
+    """runs/<run_name>/ holds config, metrics, episodes, curves, checkpoints; default: a timestamp"""
+    out_dir: str = "runs"
+    """parent folder of runs"""
+    save_every: int = 20
+    """checkpoint every N iterations (and at the end)"""
+    resume: bool = False
+    """continue runs/<run_name> from its last checkpoint"""
+    eval_problems: int = 200
+    """held-out problems for the start/end accuracy (embedded task) or rows held out of --data"""
+    eval_every: int = 20
+    """held-out accuracy every N iterations (heldout_accuracy, heldout_sampled_accuracy); 0 = only at start and end"""
+    eval_samples: int = 4
+    """responses per held-out problem for the sampled accuracy (at --temperature)"""
+    sft_steps: int = 0
+    """SFT steps of the embedded model; 0 = the recipe's 3000, shipped in checkpoints/ for the README's and the study's settings (others are trained once into --cache-dir)"""
+    cache_dir: str = ".cache"
+    """where an embedded SFT checkpoint that is not shipped is trained and cached"""
+    episodes_per_step: int = 2
+    """sample episodes with per-token implicit rewards written to episodes.jsonl each iteration"""
+    max_memory_gb: float = 0.0
+    """GPU memory budget for the up-front estimate; 0 = the device's total"""
+
+
+PRESETS = {
+    # The paper's run (official run_prime_main.sh): Eurus-2-7B-SFT, 256 prompts x 4, 1024/3072 tokens.
+    "paper": dict(prompts_per_step=256, n_samples=4, max_prompt_len=1024, max_response_len=3072,
+                  policy_lr=5e-7, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=8,
+                  gradient_checkpointing=True, temperature=1.0, top_p=1.0),
+    # DeepSeek-R1-Distill-Qwen-1.5B (paper App. B.7) under plain DDP on 80 GB: fp32 policy and PRM with
+    # AdamW take ~48 GB, so fewer tokens per micro-batch and checkpointing.
+    "1.5b": dict(prompts_per_step=256, n_samples=4, max_prompt_len=1024, max_response_len=3072,
+                 policy_lr=1e-6, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=2,
+                 gradient_checkpointing=True, temperature=1.0, top_p=1.0),
+}
+
+CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass", "ppo"), rloo_form=("official", "paper"),
+               process=("implicit", "opd", "gopd", "step", "none"), task=("math", "qa"),
+               math_grader=verify.MATH_GRADERS,
+               pass_preset=("math", "qa", "v1"),
+               process_norm=("batch", "beta"), reference=("sft", "policy"), prm_update=("after", "before"),
+               prm_loss=("ce", "dpo"), prm_groups=("kept", "mixed"), loss_mean=("global", "micro"),
+               rollout=("hf", "vllm"), preset=("", "paper", "1.5b"))
+
+
+def parse_args(argv=None, description: str = "") -> Args:
+    """argparse from the dataclass: each field is a flag, its docstring the help text."""
+    source = inspect.getsource(Args)
+    docs = {}
+    tree = ast.parse(source).body[0].body
+    for node, nxt in zip(tree, tree[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr):
+            docs[node.target.id] = nxt.value.value
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(Args):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type is bool or f.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=docs.get(f.name))
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(str(f.type), f.type)
+            parser.add_argument(flag, type=kind, default=None, help=docs.get(f.name),
+                                choices=CHOICES.get(f.name))
+    given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    values = dict(PRESETS.get(given.get("preset", ""), {}))
+    values.update(given)  # explicit flags beat the preset
+    args = Args(**values)
+    try:
+        check_args(args)
+    except ConfigError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")  # like argparse: exit code 2, no traceback
+    return args
+
+
+class ConfigError(Exception):
+    """A configuration that cannot work; `parse_args` reports it like argparse (exit code 2)."""
+
+
+# The domain of every numeric flag: (test, what is allowed). Checked right after parsing (and after a
+# preset is applied), before anything is loaded or written.
+POSITIVE, AT_LEAST_1, AT_LEAST_0 = (lambda v: v > 0, "> 0"), (lambda v: v >= 1, ">= 1"), (lambda v: v >= 0, ">= 0")
+UNIT = (lambda v: 0 <= v <= 1, "in [0, 1]")
+DOMAINS = dict(
+    steps=AT_LEAST_1, prompts_per_step=AT_LEAST_1, n_samples=AT_LEAST_1, max_prompt_len=AT_LEAST_1,
+    max_response_len=AT_LEAST_1, temperature=POSITIVE, top_p=(lambda v: 0 < v <= 1, "in (0, 1]"),
+    prm_warmup_steps=AT_LEAST_0, teacher_sft_steps=AT_LEAST_1, gopd_lambda=POSITIVE, beta=POSITIVE,
+    filter_low=UNIT, filter_high=UNIT, clip_eps=(lambda v: 0 < v < 1, "in (0, 1)"),
+    dual_clip=(lambda v: v == 0 or v > 1, "0 (off) or > 1 (veRL: 3)"), gamma=UNIT, policy_lr=POSITIVE,
+    prm_lr=POSITIVE, policy_weight_decay=AT_LEAST_0, policy_grad_clip=POSITIVE, prm_grad_clip=POSITIVE,
+    mini_batches=AT_LEAST_1, micro_batch_size=AT_LEAST_1, max_tokens_per_micro_batch=AT_LEAST_0,
+    gae_lambda=UNIT, critic_lr=POSITIVE,
+    critic_warmup_steps=AT_LEAST_0, value_clip=AT_LEAST_0,
+    vllm_gpu_memory_utilization=(lambda v: 0 < v <= 1, "in (0, 1]"), save_every=AT_LEAST_1,
+    eval_problems=AT_LEAST_1, eval_every=AT_LEAST_0, eval_samples=AT_LEAST_1, sft_steps=AT_LEAST_0,
+    episodes_per_step=AT_LEAST_0, max_memory_gb=AT_LEAST_0, toy_slip=(lambda v: 0 <= v < 1, "in [0, 1)"),
+)
+
+
+def check_args(args: Args) -> None:
+    """Every bad value and every combination that cannot work fails here, naming the flag, the value
+    and what is allowed, before anything is loaded or written (raises ConfigError)."""
+    def bad(message):
+        raise ConfigError(message)
+
+    for name, (ok, allowed) in DOMAINS.items():
+        value = getattr(args, name)
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and ok(value)):
+            bad(f"--{name.replace('_', '-')} {value}: must be {allowed}")
+    # paths that must exist (a --model without a "/" is no hub name either)
+    if args.data and not Path(args.data).is_file():
+        bad(f"--data {args.data}: file not found")
+    if args.data and Path(args.data).suffix not in (".jsonl", ".parquet"):
+        bad(f"--data {args.data}: expected a .jsonl or .parquet file")
+    for flag, path in (("--model", args.model), ("--teacher", args.teacher)):
+        if path and not Path(path).exists() and "/" not in path:
+            bad(f"{flag} {path}: no such local path (and not a hub name like org/model)")
+    if args.process == "step" and args.step_scorer != "toy" and not Path(args.step_scorer).exists() \
+            and "/" not in args.step_scorer:
+        bad(f"--step-scorer {args.step_scorer}: 'toy' or the path of a step PRM")
+    if not args.data:
+        try:
+            toy_task.parse_ops(args.toy_ops)
+        except ValueError as e:
+            bad(f"--toy-ops {e}")
+    # combinations
+    if args.n_samples < 2 and args.estimator in ("rloo", "grpo", "pass"):
+        bad(f"--n-samples {args.n_samples}: --estimator {args.estimator} needs at least 2 responses per "
+            "prompt for its group baseline")
+    if args.filter_low > args.filter_high:
+        bad(f"--filter-low {args.filter_low} / --filter-high {args.filter_high}: need low <= high")
+    if args.estimator == "prm-value" and args.process != "implicit":
+        bad(f"--estimator prm-value uses the implicit PRM as its value model: needs --process implicit, "
+            f"not {args.process}")
+    if args.critic_warmup_steps and args.estimator != "ppo":
+        bad(f"--critic-warmup-steps {args.critic_warmup_steps}: only --estimator ppo has a critic")
+    if args.critic_warmup_steps >= args.steps:
+        bad(f"--critic-warmup-steps {args.critic_warmup_steps}: must be below --steps {args.steps} (the policy "
+            "would never train)")
+    if (args.prm_warmup_steps or not args.prm_online) and args.process != "implicit":
+        bad("--prm-warmup-steps / --no-prm-online are about the implicit PRM: they need --process implicit")
+    if args.prm_loss == "dpo" and not args.max_tokens_per_micro_batch and args.micro_batch_size % args.n_samples:
+        bad(f"--prm-loss dpo compares responses within a group: --micro-batch-size {args.micro_batch_size} "
+            f"must be a multiple of --n-samples {args.n_samples}")
+    if args.teacher and args.process not in ("opd", "gopd"):
+        bad(f"--teacher is used only by --process opd/gopd, not {args.process}")
+    if args.process in ("opd", "gopd") and not args.teacher and (args.model or args.data):
+        bad(f"--process {args.process} with your own --model/--data needs --teacher PATH "
+            "(the embedded teacher only knows the embedded task)")
+    if args.teacher and args.model and Path(args.teacher).is_dir() and Path(args.model).is_dir():
+        # tokenizers only: cheap, and the run would fail later
+        if AutoTokenizer.from_pretrained(args.teacher).get_vocab() != AutoTokenizer.from_pretrained(args.model).get_vocab():
+            bad(f"--teacher {args.teacher}: its tokenizer differs from --model {args.model}'s; OPD compares "
+                "log-probs of the same token ids, so the vocabularies must be identical")
+    if args.process == "step" and args.step_scorer == "toy" and args.data:
+        bad("--step-scorer toy checks the embedded arithmetic task only: give the path of a step PRM")
+    if args.pass_preset == "v1" and args.estimator == "pass" and args.process != "step":
+        bad("--pass-preset v1 chunks by the step PRM's steps: it needs --process step")
+    if args.resume and not args.run_name:
+        bad("--resume needs --run-name of the run to continue")
+    if args.resume and not (Path(args.out_dir) / args.run_name / "checkpoint" / "state.pt").exists():
+        bad(f"--resume: no checkpoint in {Path(args.out_dir) / args.run_name / 'checkpoint'}")
+    if args.rollout == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            bad("--rollout vllm: vLLM is not installed (see the README's vLLM section), or use --rollout hf")
+    if not args.prm_online and not args.prm_warmup_steps:
+        print("warning: --no-prm-online without --prm-warmup-steps: the PRM stays equal to the reference and "
+              "every implicit reward is 0")
+    if args.process == "implicit" and args.filter_low <= 0 and args.filter_high >= 1 and args.policy_lr >= 1e-4:
+        # the credit-assignment study (docs/REPRODUCTION.md): without the filter the untrained PRM's rewards
+        # are the only advantage of every all-wrong group, and at lr 1e-4 they took greedy accuracy to 0
+        print(f"warning: --filter-low {args.filter_low:g} --filter-high {args.filter_high:g} keeps every group, "
+              f"and at --policy-lr {args.policy_lr:g} implicit process rewards without PRIME's filter collapsed "
+              "the embedded policy in the credit study; keep the filter, lower the lr, or use --prm-groups mixed "
+              "with care")

@@ -1,0 +1,209 @@
+"""The run folder runs/<name>/: written atomically, read back in one place, resumed exactly.
+
+    config.json      the flags of the run, the SFT checkpoint it started from, the world size
+    metrics.jsonl    one line per step (append_jsonl), cut back to the checkpoint on --resume
+    episodes.jsonl   a few responses per step with their per-token rewards (write_episodes)
+    summary.json     start and end held-out accuracy, the last-10-step means, the step-time split
+    checkpoint/      policy, PRM, critic, their optimisers, the step, one RNG file per rank
+    final/           the final policy, loadable with from_pretrained
+    curves.png, episodes.png
+
+Every file is written to a temporary name and renamed over the old one (write_atomic,
+replace_folder): a kill at any moment leaves the old or the new version whole, never half of one.
+`read_run` is the one reader of a finished or running run folder (train.py, eval.py, reproduce.py).
+"""
+
+import json
+import math
+import os
+import random
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ddp import Dist, barrier, unwrap
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write text or bytes to a temporary file beside `path`, then rename it over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")  # same suffix: matplotlib picks the format by it
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, data: dict, indent: int = 2) -> None:
+    write_atomic(path, json.dumps(data, indent=indent))
+
+
+def replace_folder(tmp: Path, final: Path) -> None:
+    """Move a fully written folder `tmp` into place at `final` (the old one, if any, is removed after)."""
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_figure(fig, path: Path, **kwargs) -> Path:
+    """fig.savefig through a temporary file (same suffix, so the format is the same), then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")
+    fig.savefig(tmp, **kwargs)
+    os.replace(tmp, path)
+    return path
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    path = Path(path)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def read_run(run_dir: str | Path) -> dict:
+    """{"dir", "config", "metrics", "summary", "episodes"} of a run folder; a file not written yet
+    (a run still going) reads as {} or []."""
+    run_dir = Path(run_dir)
+    read = lambda name: json.loads((run_dir / name).read_text()) if (run_dir / name).exists() else {}  # noqa: E731
+    return {"dir": run_dir, "config": read("config.json"), "metrics": read_jsonl(run_dir / "metrics.jsonl"),
+            "summary": read("summary.json"), "episodes": read_jsonl(run_dir / "episodes.jsonl")}
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """On resume, drop metric lines written after the checkpoint (they will be redone)."""
+    if path.exists():
+        lines = [l for l in path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= last_step]
+        write_atomic(path, "".join(l + "\n" for l in lines))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Summaries of a metric over steps
+# ---------------------------------------------------------------------------------------------------
+
+
+def moving_average(values, window: int = 10) -> np.ndarray:
+    """Trailing mean over the last `window` steps (fewer at the start), NaNs (steps without a value)
+    skipped, along the last axis: one curve (steps,) or several (seeds, steps).
+    [1, 2, 3, 4], window 2 -> [1, 1.5, 2.5, 3.5]; [0, 1, nan, 3, 5] -> [0, 0.5, 1, 3, 4]."""
+    x = np.asarray(values, dtype=float)
+    out = np.full_like(x, np.nan)
+    for t in range(x.shape[-1]):
+        chunk = x[..., max(0, t - window + 1):t + 1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a window of NaNs only (no PRM value yet): NaN
+            out[..., t] = np.nanmean(chunk, axis=-1)
+    return out
+
+
+def nanmean(values) -> float | None:
+    """Mean of the values that are not None or NaN; None when there are none (e.g. no PRM in the run)."""
+    kept = [float(v) for v in values if v is not None and not math.isnan(v)]
+    return float(np.mean(kept)) if kept else None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checkpoints: written atomically, resumed exactly
+# ---------------------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(run_dir: Path, step: int, models, d: Dist) -> None:
+    """runs/<name>/checkpoint/: models, optimisers, step, and one RNG file per rank (models.Models).
+
+    Written to checkpoint.tmp, then renamed over the old one: a kill at any moment leaves either the
+    old or the new checkpoint complete, never half of one."""
+    tmp, final = run_dir / "checkpoint.tmp", run_dir / "checkpoint"
+    if d.master:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier(d)
+    torch.save(rng_state(), tmp / f"rng_rank{d.rank}.pt")
+    if d.master:
+        state = lambda m: unwrap(m).state_dict() if m is not None else None  # noqa: E731
+        torch.save({"step": step, "policy": state(models.policy), "policy_opt": models.policy_opt.state_dict(),
+                    "prm": state(models.prm),
+                    "prm_opt": models.prm_opt.state_dict() if models.prm is not None else None,
+                    "critic": state(models.critic),
+                    "critic_opt": models.critic_opt.state_dict() if models.critic is not None else None,
+                    "world": d.world}, tmp / "state.pt")
+    barrier(d)
+    if d.master:
+        replace_folder(tmp, final)
+    barrier(d)
+
+
+def load_checkpoint(run_dir: Path, models, d: Dist) -> int:
+    """Restore what save_checkpoint wrote into `models` and this rank's RNG streams; the step to resume at."""
+    path = run_dir / "checkpoint"
+    if not (path / "state.pt").exists():
+        raise SystemExit(f"--resume: no checkpoint in {path}")
+    state = torch.load(path / "state.pt", map_location=d.device, weights_only=False)
+    if state["world"] != d.world:
+        raise SystemExit(f"--resume: checkpoint was written by {state['world']} ranks, this run has {d.world}")
+    if (state["prm"] is None) != (models.prm is None):
+        raise SystemExit("--resume: the checkpoint and this run disagree on --process (implicit PRM or not)")
+    if (state.get("critic") is None) != (models.critic is None):
+        raise SystemExit("--resume: the checkpoint and this run disagree on --estimator (a PPO critic or not)")
+    unwrap(models.policy).load_state_dict(state["policy"])
+    models.policy_opt.load_state_dict(state["policy_opt"])
+    if models.prm is not None:
+        unwrap(models.prm).load_state_dict(state["prm"])
+        models.prm_opt.load_state_dict(state["prm_opt"])
+    if models.critic is not None:
+        unwrap(models.critic).load_state_dict(state["critic"])
+        models.critic_opt.load_state_dict(state["critic_opt"])
+    set_rng_state(torch.load(path / f"rng_rank{d.rank}.pt", weights_only=False))
+    return state["step"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Episodes: which tokens did the process signal credit or blame?
+# ---------------------------------------------------------------------------------------------------
+
+
+def write_episodes(run_dir: Path, step: int, batch, texts: list[str], rows, n_train: int, outcome, process,
+                   reward, step_ids, first_wrong, tokenizer, per_step: int) -> None:
+    """A few responses per step with their per-token rewards: the most instructive artifact of a
+    PRIME run. One wrong and one right response first, when the step trained on both; `reward` is
+    Eq. 3's r_phi (or the raw signal of --process), `process_reward` what the estimator received
+    (after --process-norm); `step_ids` / `first_wrong` (embedded task) mark the exact checker's steps."""
+    real = list(range(max(n_train, 0)))
+    wrong = [i for i in real if outcome[i] < 1][:1]
+    right = [i for i in real if outcome[i] >= 1][:1]
+    picks = (wrong + right + [i for i in real if i not in wrong + right])[:per_step]
+    for i in picks:
+        n = int(batch.response_mask[i].sum())
+        tokens = tokenizer.convert_ids_to_tokens(batch.response_ids[i, :n].tolist())
+        episode = {"step": step, "outcome": outcome[i].item(), "response": texts[int(rows[i])],
+                   "tokens": tokens, "process_reward": [round(x, 5) for x in process[i, :n].tolist()],
+                   "reward": [round(x, 5) for x in reward[i, :n].tolist()]}
+        if step_ids is not None:
+            episode["step_ids"] = step_ids[i, :n].tolist()
+            episode["first_wrong_step"] = int(first_wrong[i])
+        append_jsonl(run_dir / "episodes.jsonl", episode)
