@@ -2,8 +2,9 @@
 same metrics, episodes and held-out accuracies as the code before it, on the same machine.
 
 The code before is REFERENCE_COMMIT, unpacked from this repository's history (`git archive`); both
-run in subprocesses with one thread. When a later change alters the loop's behaviour on purpose, this
-test fails: move REFERENCE_COMMIT to the last commit before that change (and say so in its message).
+run in subprocesses with one thread, with every flag whose default has changed since given
+explicitly. A later change that alters the loop's behaviour on purpose fails this test: then set
+REFERENCE_COMMIT to the commit that made that change, so that the test guards the refactors after it.
 """
 
 import json
