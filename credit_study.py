@@ -32,7 +32,8 @@ from runlog import moving_average, nanmean  # noqa: E402
 
 # The dial: chain length and the SFT demonstrator's slip rate. Longer chains and more slips make a
 # correct answer rarer (sparser outcomes: fewer prompt groups with both right and wrong responses).
-# Each setting has its own SFT checkpoint, trained to convergence like the default's.
+# Each setting has its own SFT checkpoint: the recipe's (toy_task.run_sft), trained on first use where it
+# is not shipped. The runs docs/REPRODUCTION.md records used the earlier starts, trained to convergence.
 # The sparse settings' first runs were made before --loss-mean global became the default, with the
 # official mean of micro-batch means; their later runs keep that loss, so that all arms compare.
 MICRO = ["--loss-mean", "micro"]

@@ -5,7 +5,7 @@
     python bench/bench_microbatch.py --case toy --budget 2048 --micro-batch-size 16
 
 Cases (each a batch with a realistic spread of response lengths):
-- `toy`: the embedded task's converged SFT model sampling 32 prompts x 4 of 2-10 operations (longer
+- `toy`: the embedded task's shipped SFT model sampling 32 prompts x 4 of 2-10 operations (longer
   chains than it was trained on, so longer and more varied responses) with up to 192 tokens.
 - `qwen0.5b`: a randomly initialised Qwen2 with Qwen2.5-0.5B's widths (hidden 896, 14 heads, 2 KV
   heads, intermediate 4864, vocabulary 151936) and `--layers` layers (24 in the real model; 4 by
