@@ -534,9 +534,11 @@ def test_prime_rl_data_schema_mixes_math_and_code_rows():
     assert [t.kind for t in tasks] == ["math"] * 4 + ["code"] * 4 and held == []
     assert tasks[0].text.startswith("What is 3+4?") and tasks[2].answer == "\\frac{3}{2}"
     programs = [next(p for k, p in EURUS_SOLUTIONS.items() if t.text.startswith(k)) for t in tasks[4:]]
+    # a generous per-test limit: this checks the schema and the verdicts, not speed (under the whole
+    # suite's load the first program of a fresh worker once scored 0 at the default 5 s)
     scores = verify.score_batch([f"```python\n{p}\n```" for p in programs], [t.answer for t in tasks[4:]],
-                                ["code"] * 4)
-    assert [s.reward for s in scores] == [1.0] * 4
+                                ["code"] * 4, timeout=30)
+    assert [s.reward for s in scores] == [1.0] * 4, [s.reason for s in scores]
     wrong = verify.score_batch(["```python\nprint(0)\n```"] * 4, [t.answer for t in tasks[4:]], ["code"] * 4)
     assert all(s.reward < 1.0 for s in wrong)
 
