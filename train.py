@@ -16,8 +16,7 @@ Each iteration (paper Algorithm 1; official code `ray_trainer.py`):
     6. PPO clip update of the policy (Eq. 6)                           (prime.ppo_clip_loss) lines 10-11
     7. log, checkpoint                                                 (runlog.py)
 
-This file holds the loop and its steps; the plumbing has flat modules of its own: config.py (flags),
-ddp.py, models.py, microbatch.py (every training pass), runlog.py (the run folder), eval.py.
+This file holds the loop and its steps; the plumbing: config, ddp, models, microbatch, runlog, eval.
 
 Simplifications relative to the paper's setup (each one a choice a reader should know about):
     1. Plain DDP on one process per GPU; no FSDP/ZeRO, so a model must fit with its gradients and
@@ -456,7 +455,8 @@ def main(argv=None):
     models = build_models(args, d)
     tokenizer = models.tokenizer
     train_tasks, eval_tasks = load_tasks(args, tokenizer)
-    kinds = sorted({t.kind for t in train_tasks}) if len({t.kind for t in train_tasks}) > 1 else []  # math, code
+    kinds = sorted({t.kind for t in train_tasks})
+    kinds = kinds if len(kinds) > 1 else []  # a file mixing math and code logs each kind's reward
     sampler = make_sampler(args, models, d)
     start_step, eval_seconds = 0, 0.0  # eval_seconds: every held-out evaluation of this launch
     if args.resume:
