@@ -94,9 +94,10 @@ class HFRollout:
     """Sampling with `model.generate` on the policy being trained (so no weight sync is needed)."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0):
+                 top_p: float = 1.0, batch_size: int = 256):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.batch_size = batch_size  # sequences per generate call (a call runs until its longest ends)
 
     def push_weights(self, model) -> None:
         """The HF backend samples from the training model itself: nothing to copy."""
@@ -104,7 +105,7 @@ class HFRollout:
 
     @torch.no_grad()
     def generate(self, prompt_token_ids: list[list[int]], n: int = 1, greedy: bool = False,
-                 return_logprobs: bool = False, batch_size: int = 256) -> Rollout:
+                 return_logprobs: bool = False, batch_size: int = 0) -> Rollout:
         """K = n samples of each prompt, groups contiguous. `greedy` decodes one answer per prompt."""
         tok = self.tokenizer
         repeated = [ids for ids in prompt_token_ids for _ in range(n)]
@@ -112,6 +113,7 @@ class HFRollout:
         was_training = self.model.training
         self.model.eval()
         chunks, logps = [], []
+        batch_size = batch_size or self.batch_size
         for start in range(0, len(repeated), batch_size):
             ids, mask = prompt_ids[start:start + batch_size], prompt_mask[start:start + batch_size]
             device = self.model.device

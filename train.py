@@ -328,6 +328,19 @@ def advantages(args: Args, models: Models, b: Batch, process, signal, step_ids, 
     return adv, returns, old_values
 
 
+def needs_old_logprobs(args: Args, models: Models) -> bool:
+    """Whether pi_old's log-probs need a forward pass of their own before the updates.
+
+    With one optimizer step per batch (--mini-batches 1) the policy that takes the step IS the old
+    policy, so the update's own forward gives pi_old's log-probs: rho_t = 1 exactly in Eq. 6, as in
+    the first PPO epoch, and a separate pass would only compute the same numbers again (one forward
+    of eight in a default step). The pass is needed with several mini-batches (from the second one
+    on, the model is no longer the old policy), where the old policy is the PRM's reference
+    (--reference policy) and where it is the student of OPD and G-OPD."""
+    return (args.mini_batches > 1 or args.process in ("opd", "gopd")
+            or (args.process == "implicit" and models.reference is None))
+
+
 def update_policy(args: Args, models: Models, b: Batch, logp_old, adv, ppo_targets, step: int, d: Dist):
     """Step 6, Eq. 6: one PPO-clip step of the policy per mini-batch (token mean); with
     --estimator ppo, the critic's clipped value loss on the same micro-batches. (policy losses,
@@ -336,7 +349,8 @@ def update_policy(args: Args, models: Models, b: Batch, logp_old, adv, ppo_targe
 
     def policy_loss_fn(mb: MicroBatch):
         logp = response_logprobs(models.policy, mb.rollout(b.ro), args.temperature)
-        return prime.ppo_clip_loss(logp, mb.of(logp_old), mb.of(adv), mb.of(b.mask), args.clip_eps,
+        old = mb.of(logp_old) if logp_old is not None else logp.detach()  # see needs_old_logprobs
+        return prime.ppo_clip_loss(logp, old, mb.of(adv), mb.of(b.mask), args.clip_eps,
                                    args.dual_clip or None)
 
     def value_loss_fn(mb: MicroBatch):
@@ -504,7 +518,8 @@ def main(argv=None):
         # 3. Online prompt filter: keep groups with low <= mean accuracy <= high (line 6) ----------
         b, n_kept_groups = kept_batch(ro, outcome, texts, tasks, args, d)
         with timed(times, "policy"):  # old and reference log-probs, recomputed by the training models
-            logp_old = logprobs_no_grad(unwrap(models.policy), b.ro, args, args.temperature)
+            logp_old = logprobs_no_grad(unwrap(models.policy), b.ro, args, args.temperature) \
+                if needs_old_logprobs(args, models) else None  # else the update's own forward gives them
             # App. B.1: with --reference policy the rollout policy is the reference
             logp_ref = logprobs_no_grad(models.reference, b.ro, args) if models.reference is not None else logp_old
 

@@ -42,7 +42,7 @@ def main(batch_path: str, out_path: str) -> None:
         if n_rows == 0:  # as train.filter_groups does: a placeholder row that carries no gradient
             rows = torch.tensor([0])
         mine, mask = ro.select(rows), ro.response_mask[rows].double()
-        args = config.Args(**flags)
+        args = config.Args(**{"max_tokens_per_micro_batch": 0, **flags})
 
         def loss_fn(mb):
             logp = microbatch.response_logprobs(wrapped, mb.rollout(mine), temperature)

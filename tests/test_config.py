@@ -147,3 +147,15 @@ def test_reproduce_refuses_a_bad_value_before_any_run(flags, names, tmp_path, ca
     assert stop.value.code == 2
     assert names in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_a_row_count_given_alone_replaces_the_default_token_budget():
+    """The default packs rows by length under a token budget; --micro-batch-size alone means rows in
+    order (the budget off), both flags keep both, and the presets count rows as the paper's runs do."""
+    assert config.parse_args([]).max_tokens_per_micro_batch == 4096
+    rows = config.parse_args(["--micro-batch-size", "8"])
+    assert (rows.micro_batch_size, rows.max_tokens_per_micro_batch) == (8, 0)
+    both = config.parse_args(["--micro-batch-size", "8", "--max-tokens-per-micro-batch", "500"])
+    assert (both.micro_batch_size, both.max_tokens_per_micro_batch) == (8, 500)
+    for preset in ("paper", "1.5b"):
+        assert config.parse_args(["--preset", preset]).max_tokens_per_micro_batch == 0

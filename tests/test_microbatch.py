@@ -54,12 +54,12 @@ def test_trimmed_drops_only_the_padding_no_row_uses():
 
 def test_fixed_plan_is_consecutive_rows_and_pads_short_ranks_with_zero_weight():
     ro = synthetic_rollout([2] * 6, [3, 1, 4, 1, 5, 9])
-    args = config.Args(micro_batch_size=2)
+    args = config.Args(max_tokens_per_micro_batch=0, micro_batch_size=2)
     plan = microbatch.plan_update(ro, 5, args, ddp.Dist())
     assert [(mb.rows.tolist(), mb.width, mb.weight) for mb in plan[0]] == \
         [([0, 1], 3, 1.0), ([2, 3], 4, 1.0), ([4], 5, 1.0)]
     # two optimizer steps: rows split 3 / 2 (contiguous), each packed on its own
-    plan = microbatch.plan_update(ro, 5, config.Args(micro_batch_size=2, mini_batches=2), ddp.Dist())
+    plan = microbatch.plan_update(ro, 5, config.Args(max_tokens_per_micro_batch=0, micro_batch_size=2, mini_batches=2), ddp.Dist())
     assert [[mb.rows.tolist() for mb in step] for step in plan] == [[[0, 1], [2]], [[3, 4]]]
     # nothing kept: no real micro-batch (a rank under DDP would get zero-weight repeats, see the torchrun test)
     assert microbatch.plan_update(ro, 0, args, ddp.Dist()) == [[]]
@@ -132,7 +132,7 @@ def test_padding_share_falls_with_the_budget():
     def padded(args):  # every prompt has 20 tokens: a micro-batch's longest sequence is 20 + its widest response
         return sum(len(mb.rows) * (20 + mb.width) for mb in microbatch.pack_rows(ro, 0, 32, args))
 
-    assert padded(config.Args(micro_batch_size=8)) / real > 1.5
+    assert padded(config.Args(max_tokens_per_micro_batch=0, micro_batch_size=8)) / real > 1.5
     assert padded(config.Args(max_tokens_per_micro_batch=600)) / real < 1.1
 
 
@@ -169,7 +169,7 @@ def policy_step(b, dtype=torch.float64, **flags):
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(b["path"], dtype=dtype)
     start = [p.detach().clone() for p in model.parameters()]
-    args = config.Args(**flags)
+    args = config.Args(**{"max_tokens_per_micro_batch": 0, **flags})
     ro, mask = b["ro"], b["mask"].to(dtype)
     logp_old, adv = b["logp_old"].to(dtype), b["adv"].to(dtype)
 
@@ -266,7 +266,7 @@ def test_prm_update_and_rewards_do_not_depend_on_the_split(toy_batch, prm_loss):
             for p in prm.parameters():
                 p.add_(0.02 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
         start = [p.detach().clone() for p in prm.parameters()]
-        args = config.Args(n_samples=2, prm_loss=prm_loss, beta=0.5, **flags)
+        args = config.Args(**{"n_samples": 2, "prm_loss": prm_loss, "beta": 0.5, "max_tokens_per_micro_batch": 0, **flags})
         batch = train.Batch(b["ro"], b["outcome"].double(), b["mask"], None, [], [], len(b["ro"]), len(b["ro"]))
         rewards, losses = train.implicit_prm_step(prm, torch.optim.SGD(prm.parameters(), lr=1.0), batch, logp_ref,
                                                   args, ddp.Dist())
@@ -328,7 +328,7 @@ def test_no_grad_passes_equal_the_whole_batch_forward(toy_batch):
     ro = toy_batch["ro"]
     with torch.no_grad():
         whole = microbatch.response_logprobs(model, ro, 0.7)
-    for args in (config.Args(micro_batch_size=5), config.Args(max_tokens_per_micro_batch=100)):
+    for args in (config.Args(max_tokens_per_micro_batch=0, micro_batch_size=5), config.Args(max_tokens_per_micro_batch=100)):
         got = microbatch.logprobs_no_grad(model, ro, args, 0.7)
         assert got.shape == whole.shape and torch.allclose(got, whole.float(), atol=1e-6)
 
@@ -384,7 +384,7 @@ def test_memory_estimate_arithmetic_by_hand():
     from transformers import Qwen2Config
     shape = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=256, num_hidden_layers=3)
     n = 2_000_000
-    args = config.Args(micro_batch_size=4, max_prompt_len=100, max_response_len=300)
+    args = config.Args(max_tokens_per_micro_batch=0, micro_batch_size=4, max_prompt_len=100, max_response_len=300)
     est = models.memory_estimate_gb(n, args, shape)
     # state: 16 + 16 + 2 bytes a parameter = 68 MB
     assert est["policy (weights+grads+adam)"] == pytest.approx(0.032)

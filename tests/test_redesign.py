@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE_COMMIT = "8cf20fb"  # train.py as one 1490-line file, just before the redesign
 FLAGS = ["--steps", "2", "--seed", "3", "--prompts-per-step", "8", "--eval-problems", "8", "--eval-every", "1",
-         "--save-every", "1", "--policy-lr", "3e-5"]
+         "--save-every", "1", "--policy-lr", "3e-5", "--micro-batch-size", "64"]  # rows, not the later token budget
 
 
 def reference_tree(tmp_path: Path) -> Path:

@@ -475,6 +475,42 @@ def test_prm_learns_from_its_rows_only_and_rewards_the_rest_from_the_same_prm(ca
     assert torch.allclose(rewards, expected, atol=1e-6) and rewards[2:].abs().sum() > 0
 
 
+def test_one_update_per_batch_takes_the_old_logprobs_from_its_own_forward(cache_dir):
+    """--mini-batches 1: update_policy without a separate old-log-prob pass (logp_old None) takes the
+    same step, to float64 round-off, as with pi_old's log-probs recomputed by logprobs_no_grad; and
+    needs_old_logprobs asks for the pass exactly where something else reads them."""
+    path = toy_task.sft_checkpoint(cache_dir, SFT_STEPS)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(0)
+    sampler = HFRollout(AutoModelForCausalLM.from_pretrained(path), tokenizer, max_new_tokens=32)
+    ro = sampler.generate([tokenizer(p.prompt)["input_ids"] for p in toy_task.make_problems(3, seed=4)], n=2)
+    mask = ro.response_mask.double()
+    adv = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * mask
+    args = config.parse_args(["--n-samples", "2", "--micro-batch-size", "4", "--temperature", "0.7"])
+    b = train.Batch(ro, torch.zeros(6), mask, None, [], [], 6, 6)
+    steps = []
+    for recompute in (True, False):
+        policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+        models = train.Models(path, tokenizer, policy, torch.optim.SGD(policy.parameters(), lr=1.0))
+        start = [p.detach().clone() for p in policy.parameters()]
+        logp_old = microbatch.logprobs_no_grad(policy, ro, args, args.temperature) if recompute else None
+        losses, _ = train.update_policy(args, models, b, logp_old, adv, (None, None), 0, ddp.Dist())
+        steps.append(([p.detach() - s for p, s in zip(policy.parameters(), start)], losses))
+    (with_pass, loss_with), (without, loss_without) = steps
+    assert max(d.abs().max().item() for d in with_pass) > 1e-3  # a real step
+    for a, c in zip(with_pass, without):
+        assert torch.allclose(a, c, rtol=1e-9, atol=1e-12)
+    assert loss_with == pytest.approx(loss_without, rel=1e-9, abs=1e-12)
+
+    needs = lambda flags, reference=object(): train.needs_old_logprobs(  # noqa: E731
+        config.parse_args(flags), train.Models(path, tokenizer, None, None, reference=reference))
+    assert not needs([]) and not needs(["--process", "none"], None) and not needs(["--estimator", "ppo"])
+    assert not needs(["--process", "step", "--step-scorer", "toy"], None)
+    assert needs(["--mini-batches", "2"]) and needs(["--reference", "policy"], None)
+    assert needs(["--process", "opd"], None) and needs(["--process", "gopd"])
+
+
 def test_ppo_critic_warmup_freezes_the_policy_and_the_critic_learns(cache_dir, tmp_path):
     """--critic-warmup-steps 2 of 3: the policy's optimiser steps once, the critic's three times; the
     critic is the SFT backbone with a scalar head, and its value loss falls as it fits."""
