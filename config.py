@@ -115,8 +115,10 @@ class Args:
     """PPO clip range (Eq. 6)"""
     dual_clip: float = 0.0
     """dual-clip PPO's c > 1 for negative advantages (veRL: 3); 0 = off, as PRIME-RL and the paper"""
-    gamma: float = 1.0
-    """discount of the process return (paper: 1.0)"""
+    process_gamma: float = 1.0
+    """discount of the process reward's return (official reward_model_gamma; paper: 1.0). --gamma G sets it and --outcome-gamma both"""
+    outcome_gamma: float = 1.0
+    """discount of the outcome reward's return, back from the last token (official verifier_gamma; paper Eq. 5: 1.0, the outcome undiscounted)"""
     gae_lambda: float = 1.0
     """--estimator ppo: GAE's lambda (veRL: 1.0; 0 = one-step TD errors)"""
     critic_lr: float = 3e-4
@@ -217,7 +219,14 @@ def parse_args(argv=None, description: str = "") -> Args:
             kind = {"int": int, "float": float, "str": str}.get(str(f.type), f.type)
             parser.add_argument(flag, type=kind, default=None, help=docs.get(f.name),
                                 choices=CHOICES.get(f.name))
+    parser.add_argument("--gamma", type=float, default=None,
+                        help="shorthand for --process-gamma G --outcome-gamma G (either flag given beside it wins)")
     given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    gamma = given.pop("gamma", None)
+    if gamma is not None:
+        if not 0 <= gamma <= 1:
+            parser.exit(2, f"{parser.prog}: error: --gamma {gamma} must be in [0, 1]\n")
+        given = {"process_gamma": gamma, "outcome_gamma": gamma, **given}
     values = dict(PRESETS.get(given.get("preset", ""), {}))
     if "micro_batch_size" in given and "max_tokens_per_micro_batch" not in given:
         values["max_tokens_per_micro_batch"] = 0  # a row count asked for alone replaces the default token budget
@@ -243,7 +252,7 @@ DOMAINS = dict(
     max_response_len=AT_LEAST_1, temperature=POSITIVE, top_p=(lambda v: 0 < v <= 1, "in (0, 1]"),
     prm_warmup_steps=AT_LEAST_0, teacher_sft_steps=AT_LEAST_1, gopd_lambda=POSITIVE, beta=POSITIVE,
     filter_low=UNIT, filter_high=UNIT, clip_eps=(lambda v: 0 < v < 1, "in (0, 1)"),
-    dual_clip=(lambda v: v == 0 or v > 1, "0 (off) or > 1 (veRL: 3)"), gamma=UNIT, policy_lr=POSITIVE,
+    dual_clip=(lambda v: v == 0 or v > 1, "0 (off) or > 1 (veRL: 3)"), process_gamma=UNIT, outcome_gamma=UNIT, policy_lr=POSITIVE,
     prm_lr=POSITIVE, policy_weight_decay=AT_LEAST_0, policy_grad_clip=POSITIVE, prm_grad_clip=POSITIVE,
     mini_batches=AT_LEAST_1, micro_batch_size=AT_LEAST_1, max_tokens_per_micro_batch=AT_LEAST_0,
     gae_lambda=UNIT, critic_lr=POSITIVE,
@@ -286,6 +295,12 @@ def check_args(args: Args) -> None:
             "prompt for its group baseline")
     if args.filter_low > args.filter_high:
         bad(f"--filter-low {args.filter_low} / --filter-high {args.filter_high}: need low <= high")
+    if args.estimator == "ppo" and args.process_gamma != args.outcome_gamma:
+        bad(f"--process-gamma {args.process_gamma} / --outcome-gamma {args.outcome_gamma}: --estimator ppo "
+            "discounts one token reward (outcome + process) with one critic, so they must be equal (use --gamma)")
+    if args.estimator == "pass" and (args.process_gamma, args.outcome_gamma) != (1.0, 1.0):
+        bad("--process-gamma / --outcome-gamma: --estimator pass has no returns to discount (its own gamma is "
+            "Advantage Fusion's weight, set by --pass-preset)")
     if args.estimator == "prm-value" and args.process != "implicit":
         bad(f"--estimator prm-value uses the implicit PRM as its value model: needs --process implicit, "
             f"not {args.process}")

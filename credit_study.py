@@ -25,8 +25,9 @@ import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 from safetensors.torch import load_file  # noqa: E402
 
 import toy_task  # noqa: E402
-from reproduce import (ARMS, REPO, build_sft, fmt, load_finished, merge_json, parse_study_args, run_all,  # noqa: E402
-                       same_parser, save_figure, series, steps_to_reach, train_config)
+from reproduce import (ARMS, CLAIM_T, REPO, build_sft, fmt, load_finished, merge_json, paired,  # noqa: E402
+                       paired_text, parse_study_args, run_all, same_parser, save_figure, series, steps_to_reach,
+                       train_config)
 from runlog import moving_average, nanmean  # noqa: E402
 
 
@@ -141,11 +142,6 @@ def credit_run_name(setting: str, arm: str) -> str:
     return next((name for name, f in ARMS.items() if f == flags), f"credit-{setting}-{arm}")
 
 
-def seeds_apart(higher: list[float], lower: list[float]) -> bool:
-    """Non-overlapping seed ranges: every seed of `higher` above every seed of `lower`."""
-    return bool(higher) and bool(lower) and min(higher) > max(lower)
-
-
 def gap_closed(outcome: float, checker: float, arm: float) -> float | None:
     """The share of the exact checker's gain over outcome-only that `arm` captures: (arm - outcome) /
     (checker - outcome). None when the checker does not gain (there is no gap to close)."""
@@ -158,6 +154,10 @@ def same_seeds(stats: dict, seeds: list[int], key: str = "end_sampled") -> list[
     of them when it has none of these seeds: an arm run with fewer seeds is compared seed for seed."""
     picked = [v for s, v in zip(stats["seeds"], stats[key]) if s in seeds]
     return picked or stats[key]
+
+
+def per_seed(stats: dict, key: str = "end_sampled") -> dict[int, float]:
+    return dict(zip(stats["seeds"], stats[key]))
 
 
 def credit_report(setting: str, arms: list[str], runs: dict, window: int,
@@ -181,7 +181,7 @@ def credit_report(setting: str, arms: list[str], runs: dict, window: int,
                       "weight_change": [run_weight_change(r) for r in rs]}
     lines = [f"| arm | seeds | held-out sampled, start -> end | greedy, start -> end | training reward, last {window} | "
              f"mixed / kept groups a step | PRM acc. / localisation, last {window} | steps to reach the baseline's final "
-             "reward | gain over outcome-only, same seeds (seeds apart?) | share of the checker's gain | RMS weight change (x 1e-3) |",
+             "reward | gain over outcome-only, paired by seed | share of the checker's gain | RMS weight change (x 1e-3) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     recorded = recorded or {}
     for arm in arms:
@@ -192,11 +192,7 @@ def credit_report(setting: str, arms: list[str], runs: dict, window: int,
         if base is not None and arm != spec["baseline"]:
             # against the baseline's runs of the same seeds (same RL prompts and start) where it has them
             b_end = same_seeds(base, st["seeds"])
-            diff = np.mean(st["end_sampled"]) - np.mean(b_end)
-            apart = ("one seed" if min(len(st["end_sampled"]), len(b_end)) < 2 else
-                     "yes" if seeds_apart(st["end_sampled"], b_end) else
-                     "yes, below" if seeds_apart(b_end, st["end_sampled"]) else "no")
-            gain = f"{diff:+.3f} ({apart})"
+            gain = paired_text(paired(per_seed(st), per_seed(base)))
             # the baseline's final moving-average reward (reward_last is that average), same seeds
             level = float(np.mean(same_seeds(base, st["seeds"], "reward_last")))
             reach = ", ".join(str(x) if x else "never" for x in steps_to_reach(runs[arm], level, window))
@@ -205,7 +201,8 @@ def credit_report(setting: str, arms: list[str], runs: dict, window: int,
                 # checker's and the baseline's seeds, every checker seed above every baseline seed
                 c_end = same_seeds(check, st["seeds"])
                 closed = gap_closed(np.mean(b_end), np.mean(c_end), np.mean(st["end_sampled"]))
-                measured = len(check["end_sampled"]) > 1 and seeds_apart(check["end_sampled"], base["end_sampled"])
+                checked = paired(per_seed(check), per_seed(base))
+                measured = checked["t"] >= CLAIM_T and checked["up"] == len(checked["seeds"])
                 share = "no measured gap" if closed is None or not measured else f"{closed:.2f}"
         lines.append(f"| {CREDIT_LABELS[arm]} | {len(st['seeds'])} | {np.mean(st['start_sampled']):.3f} -> "
                      f"{fmt(st['end_sampled'])} | {np.mean(st['start_greedy']):.2f} -> {fmt(st['end_greedy'], 2)} | "

@@ -235,12 +235,23 @@ def _outcome_rloo(outcome: torch.Tensor, n_samples: int) -> torch.Tensor:
     return (groups - others_mean).reshape(-1)
 
 
+def _outcome_return(per_response: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """(B,) -> (B, T): each response's outcome term placed on its last valid token and discounted
+    back, gamma^(L-1-t) x; the same value at every token when gamma = 1 (0 on padding)."""
+    return reverse_cumsum(per_response[:, None] * _last_token_mask(mask), gamma)
+
+
 def rloo_advantage(process_reward, outcome: torch.Tensor, mask: torch.Tensor, n_samples: int,
-                   gamma: float = 1.0, form: str = "paper") -> torch.Tensor:
+                   gamma: float = 1.0, form: str = "paper", outcome_gamma: float = 1.0) -> torch.Tensor:
     """Eq. 5, RLOO with implicit process rewards plus RLOO with outcome rewards:
 
         A^i_t = sum_{s=t}^{|y^i|} gamma^(s-t) [ r_phi(y^i_s) - 1/(K-1) sum_{j!=i} mean_s' r_phi(y^j_s') ]
-              + [ r_o(y^i) - 1/(K-1) sum_{j!=i} r_o(y^j) ]
+              + gamma_o^(|y^i|-t) [ r_o(y^i) - 1/(K-1) sum_{j!=i} r_o(y^j) ]
+
+    Two discounts, as the official code has them: `gamma` discounts the process return
+    (reward_model_gamma), `outcome_gamma` = gamma_o the outcome's, counted back from the last token
+    (verifier_gamma). Eq. 5 leaves the outcome undiscounted (gamma_o = 1: the same at every token);
+    the paper's runs use 1 for both.
 
     Shapes: process_reward (B, T) or None (outcome-only RLOO, the paper's baseline), outcome (B,),
     mask (B, T) -> (B, T) unwhitened returns, 0 on padding. Each source gets its own baseline and
@@ -252,20 +263,15 @@ def rloo_advantage(process_reward, outcome: torch.Tensor, mask: torch.Tensor, n_
     the outcome sitting on the last valid token. Expanded, the process part is
         r'_{i,t} = [r_{i,t} - mean_{j!=i} m_j] + (r_{i,t} - m_i)/(K-1),
     the paper's bracket plus a term that sums to zero over each response: per-response sums of
-    process reward agree with the paper, token values differ. The outcome's return is discounted
-    from the last token (gamma^(L-1-t)); with gamma = 1 (the paper's runs) both forms' outcome terms
-    are identical.
+    process reward agree with the paper, token values differ. The outcome term is the same in both
+    forms (a single masked position: the bracket is all there is).
     """
     if form not in ("paper", "official"):
         raise ValueError(f"form must be 'paper' or 'official', got {form!r}")
     _check_groups(outcome.shape[0], n_samples)
     valid = mask.bool()
     outcome = outcome.to(torch.float32)
-    outcome_adv = _outcome_rloo(outcome, n_samples)  # (B,)
-    if form == "paper":
-        returns = outcome_adv[:, None].expand(mask.shape).clone()
-    else:
-        returns = reverse_cumsum(outcome_adv[:, None] * _last_token_mask(mask), gamma)
+    returns = _outcome_return(_outcome_rloo(outcome, n_samples), mask, outcome_gamma)
     if process_reward is not None:
         r = torch.where(valid, process_reward.to(torch.float32), torch.zeros_like(returns))
         m = masked_mean(r, mask, dim=-1).view(-1, n_samples)  # (G, K) per-response mean reward
@@ -292,10 +298,11 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tens
 
 
 def grpo_advantage(process_reward, outcome: torch.Tensor, mask: torch.Tensor, n_samples: int,
-                   gamma: float = 1.0, eps: float = 1e-6) -> torch.Tensor:
+                   gamma: float = 1.0, eps: float = 1e-6, outcome_gamma: float = 1.0) -> torch.Tensor:
     """GRPO (Shao et al. 2024) with optional implicit process rewards (paper Fig. 7 / Table 4).
 
-    Outcome part (GRPO's outcome supervision), the same at every token of response i:
+    Outcome part (GRPO's outcome supervision), the same at every token of response i
+    (outcome_gamma = 1; else gamma_o^(|y^i|-t) A_o^i, discounted back from the last token):
         A_o^i = (r_o^i - mean_g r_o) / (std_g r_o + eps)
     Process part, DERIVED here (the seed's Appendix B.3 Eq. 7-8 lost its formula): the paper states
     that GRPO's process baseline uses the mean and standard deviation of the group's response-averaged
@@ -309,7 +316,7 @@ def grpo_advantage(process_reward, outcome: torch.Tensor, mask: torch.Tensor, n_
     groups = outcome.to(torch.float32).view(-1, n_samples)
     outcome_adv = ((groups - groups.mean(-1, keepdim=True))
                    / (groups.std(-1, keepdim=True) + eps)).reshape(-1)
-    adv = outcome_adv[:, None].expand(mask.shape).clone()
+    adv = _outcome_return(outcome_adv, mask, outcome_gamma)
     if process_reward is not None:
         r = torch.where(valid, process_reward.to(torch.float32), torch.zeros_like(adv))
         m = masked_mean(r, mask, dim=-1).view(-1, n_samples)
@@ -321,17 +328,17 @@ def grpo_advantage(process_reward, outcome: torch.Tensor, mask: torch.Tensor, n_
 
 
 def reinforce_advantage(process_reward, outcome: torch.Tensor, mask: torch.Tensor,
-                        gamma: float = 1.0) -> torch.Tensor:
+                        gamma: float = 1.0, outcome_gamma: float = 1.0) -> torch.Tensor:
     """REINFORCE (Williams 1992) with optional implicit process rewards (paper Fig. 7 / Table 4).
 
     No baseline: the advantage is the return of the combined reward,
-        A^i_t = r_o(y^i) + sum_{s >= t} gamma^(s-t) r_phi(y^i_s)
+        A^i_t = gamma_o^(|y^i|-t) r_o(y^i) + sum_{s >= t} gamma^(s-t) r_phi(y^i_s)
     DERIVED (the seed's Appendix B.3 lost the formula): Eq. 5 with its leave-one-out baselines
     removed. Variance reduction then comes only from the global `whiten` applied by train.py, as
     in veRL's REINFORCE++. (B, T) -> (B, T), 0 on padding.
     """
     valid = mask.bool()
-    adv = outcome.to(torch.float32)[:, None].expand(mask.shape).clone()
+    adv = _outcome_return(outcome.to(torch.float32), mask, outcome_gamma)
     if process_reward is not None:
         r = torch.where(valid, process_reward.to(torch.float32), torch.zeros_like(adv))
         adv = adv + reverse_cumsum(r, gamma)
@@ -339,7 +346,7 @@ def reinforce_advantage(process_reward, outcome: torch.Tensor, mask: torch.Tenso
 
 
 def prm_value_advantage(process_reward: torch.Tensor, outcome: torch.Tensor, mask: torch.Tensor,
-                        gamma: float = 1.0) -> torch.Tensor:
+                        outcome_gamma: float = 1.0) -> torch.Tensor:
     """Sec. 5.4: the implicit PRM as a VALUE model instead of a reward model (worse: 36.6 vs 37.8).
 
     Yuan et al.'s implicit PRM gives the Q-value of a prefix in closed form,
@@ -347,16 +354,16 @@ def prm_value_advantage(process_reward: torch.Tensor, outcome: torch.Tensor, mas
     so the value of the state before token t is V(y_<t) = q_{t-1} (V = 0 before the first token).
     Used as the baseline of the outcome return, with GAE lambda = 1 (DERIVED: the seed gives no
     formula; this is the Monte-Carlo advantage of a critic, as PPO with lambda = 1 computes it):
-        A_t = gamma^(L-1-t) r_o - V(y_<t)
+        A_t = gamma_o^(L-1-t) r_o - V(y_<t)
     `process_reward` is the raw r_phi (beta-scaled, not normalised): its sum is the PRM's estimate
-    of the outcome logit. (B, T) -> (B, T), 0 on padding.
+    of the outcome logit. Only the outcome has a return here, so its discount is the only one.
+    (B, T) -> (B, T), 0 on padding.
     """
     valid = mask.bool()
     r = torch.where(valid, process_reward.to(torch.float32), torch.zeros_like(process_reward,
                                                                               dtype=torch.float32))
     value_before = r.cumsum(-1) - r  # q_{t-1}
-    outcome_return = reverse_cumsum(outcome.to(torch.float32)[:, None] * _last_token_mask(mask), gamma)
-    adv = outcome_return - value_before
+    adv = _outcome_return(outcome.to(torch.float32), mask, outcome_gamma) - value_before
     return torch.where(valid, adv, torch.zeros_like(adv))
 
 

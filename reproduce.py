@@ -24,6 +24,7 @@ file's runner).
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -150,6 +151,48 @@ def steps_to_reach(runs: list[dict], level: float, window: int) -> list[int | No
     return out
 
 
+# A claim needs paired seeds: arms that share a seed share the RL prompts, the start and the evaluation's
+# random numbers, so the per-seed difference cancels what the seed alone decides.
+CLAIM_SEEDS = 5   # at least this many seeds both arms ran
+CLAIM_T = 3.0     # and a paired t at least this large, every difference of the same sign
+
+
+def paired(arm: dict[int, float], base: dict[int, float]) -> dict:
+    """arm - base over the seeds both ran ({seed: value} each): the per-seed differences, their mean,
+    the paired t = mean / (sd / sqrt(n)) (sd with n - 1; +-inf when every difference is the same
+    non-zero number, nan below 2 seeds), how many are > 0 and < 0, and the verdict: "up" / "down"
+    (n >= CLAIM_SEEDS, |t| >= CLAIM_T and every difference of that sign), "none" (enough seeds, no
+    such difference), "too few seeds"."""
+    seeds = sorted(set(arm) & set(base))
+    diffs = [arm[s] - base[s] for s in seeds]
+    n = len(diffs)
+    mean = float(np.mean(diffs)) if n else math.nan
+    t = math.nan
+    if n > 1:
+        sd = float(np.std(diffs, ddof=1))
+        t = mean / (sd / math.sqrt(n)) if sd > 0 else (math.copysign(math.inf, mean) if mean else 0.0)
+    up, down = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    verdict = "too few seeds"
+    if n >= CLAIM_SEEDS:
+        verdict = "up" if t >= CLAIM_T and up == n else "down" if t <= -CLAIM_T and down == n else "none"
+    return {"seeds": seeds, "diffs": diffs, "mean": mean, "t": t, "up": up, "down": down, "verdict": verdict}
+
+
+def paired_text(p: dict) -> str:
+    """One table cell: '+0.021 (t 3.3, 4/5 up; too few seeds)'."""
+    if not p["seeds"]:
+        return "no shared seed"
+    if len(p["seeds"]) == 1:
+        return f"{p['mean']:+.3f} (one seed)"
+    return f"{p['mean']:+.3f} (t {p['t']:.1f}, {p['up']}/{len(p['seeds'])} up; {p['verdict']})"
+
+
+def eval_se(accuracy: float, draws: int) -> float:
+    """Binomial standard error of an accuracy measured on `draws` responses (problems x samples): the
+    evaluation's own noise, before any difference between seeds or arms."""
+    return math.sqrt(accuracy * (1 - accuracy) / max(draws, 1))
+
+
 def summarize(arm: str, runs: list[dict], window: int) -> dict:
     reward = series(runs, "reward")
     acc = series(runs, "prm_accuracy")
@@ -159,7 +202,10 @@ def summarize(arm: str, runs: list[dict], window: int) -> dict:
     step_seconds = {k: float(np.mean([r["summary"]["step_seconds"][k] for r in runs]))
                     for k in runs[0]["summary"]["step_seconds"]}
     with np.errstate(all="ignore"):
-        return {"arm": arm, "seeds": len(runs),
+        return {"arm": arm, "seeds": len(runs), "seed": [r["config"]["seed"] for r in runs],
+                "start_sampled": [r["summary"]["start_sampled_accuracy"] for r in runs],
+                "end_sampled": [r["summary"]["end_sampled_accuracy"] for r in runs],
+                "eval_draws": [r["summary"]["eval_problems"] * r["config"]["eval_samples"] for r in runs],
                 "reward_last": [float(np.mean(r[tail])) for r in reward],
                 "reward_first": [float(np.mean(r[:window])) for r in reward],
                 "prm_accuracy_first": [nanmean(a[:window]) for a in acc],
@@ -177,13 +223,21 @@ def fmt(values, digits=3) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """Mean [min, max] over seeds."""
+    """Mean [min, max] over seeds; the held-out sampled accuracy with one seed's evaluation SE (the
+    binomial SE of its problems x samples draws at the mean accuracy), and its paired difference from
+    the first row (the comparison's baseline) seed by seed."""
     lines = ["| arm | seeds | reward, first 20 steps | reward, last 20 steps | held-out start -> end (greedy) | "
+             "held-out sampled start -> end (eval SE) | end sampled - first row's, paired | "
              "PRM pairwise acc., first 20 -> last 20 |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    base = rows[0]
     for r in rows:
+        se = eval_se(float(np.mean(r["end_sampled"])), int(np.mean(r["eval_draws"])))
+        diff = "baseline" if r is base else paired_text(paired(dict(zip(r["seed"], r["end_sampled"])),
+                                                                  dict(zip(base["seed"], base["end_sampled"]))))
         lines.append(f"| {LABELS[r['arm']]} | {r['seeds']} | {fmt(r['reward_first'])} | {fmt(r['reward_last'])} | "
                      f"{np.mean(r['start_accuracy']):.3f} -> {fmt(r['end_accuracy'])} | "
+                     f"{np.mean(r['start_sampled']):.3f} -> {fmt(r['end_sampled'])} (+-{se:.3f}) | {diff} | "
                      f"{fmt(r['prm_accuracy_first'], 2)} -> {fmt(r['prm_accuracy_last'], 2)} |")
     return "\n".join(lines)
 

@@ -305,17 +305,19 @@ def advantages(args: Args, models: Models, b: Batch, process, signal, step_ids, 
     process_in = process if args.process != "none" else None
     outcome, mask, returns, old_values = b.outcome, b.mask, None, None
     if args.estimator == "rloo":
-        adv = prime.rloo_advantage(process_in, outcome, mask, args.n_samples, args.gamma, args.rloo_form)
+        adv = prime.rloo_advantage(process_in, outcome, mask, args.n_samples, args.process_gamma, args.rloo_form,
+                                   args.outcome_gamma)
     elif args.estimator == "grpo":
-        adv = prime.grpo_advantage(process_in, outcome, mask, args.n_samples, args.gamma)
+        adv = prime.grpo_advantage(process_in, outcome, mask, args.n_samples, args.process_gamma,
+                                   outcome_gamma=args.outcome_gamma)
     elif args.estimator == "reinforce":
-        adv = prime.reinforce_advantage(process_in, outcome, mask, args.gamma)
-    elif args.estimator == "prm-value":
-        adv = prime.prm_value_advantage(args.beta * signal, outcome, mask, args.gamma)
+        adv = prime.reinforce_advantage(process_in, outcome, mask, args.process_gamma, args.outcome_gamma)
+    elif args.estimator == "prm-value":  # the PRM is the baseline here: only the outcome has a return
+        adv = prime.prm_value_advantage(args.beta * signal, outcome, mask, args.outcome_gamma)
     elif args.estimator == "ppo":  # a learned critic: GAE over outcome (+ process) token rewards
         old_values = values_no_grad(unwrap(models.critic), b.ro, args)
         adv, returns = prime.gae_advantage(prime.token_rewards(process_in, outcome, mask), old_values,
-                                           mask, args.gamma, args.gae_lambda)
+                                           mask, args.process_gamma, args.gae_lambda)
     else:  # PASS
         group_ids = torch.arange(len(b.outcome), device=mask.device) // args.n_samples
         preset = pass_advantage.PRESETS[args.pass_preset]

@@ -159,3 +159,23 @@ def test_a_row_count_given_alone_replaces_the_default_token_budget():
     assert (both.micro_batch_size, both.max_tokens_per_micro_batch) == (8, 500)
     for preset in ("paper", "1.5b"):
         assert config.parse_args(["--preset", preset]).max_tokens_per_micro_batch == 0
+
+
+def test_gamma_sets_both_discounts_and_either_flag_beside_it_wins():
+    both = config.parse_args(["--gamma", "0.9"])
+    assert (both.process_gamma, both.outcome_gamma) == (0.9, 0.9)
+    mixed = config.parse_args(["--gamma", "0.9", "--outcome-gamma", "1"])
+    assert (mixed.process_gamma, mixed.outcome_gamma) == (0.9, 1.0)
+    default = config.parse_args([])
+    assert (default.process_gamma, default.outcome_gamma) == (1.0, 1.0)  # the paper's runs
+
+
+@pytest.mark.parametrize("flags,names", [
+    (["--estimator", "ppo", "--process-gamma", "0.5"], "--estimator ppo"),
+    (["--estimator", "pass", "--gamma", "0.9"], "--estimator pass"),
+    (["--outcome-gamma", "2"], "--outcome-gamma 2"),
+])
+def test_discounts_an_estimator_cannot_apply_are_refused(flags, names, capsys):
+    with pytest.raises(SystemExit) as e:
+        config.parse_args(flags)
+    assert e.value.code == 2 and names in capsys.readouterr().err

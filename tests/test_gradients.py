@@ -293,7 +293,7 @@ def test_normalize_process_reward_all_returns_negative_by_hand():
     assert out.flatten().tolist() == pytest.approx([-1 / scale, -2 / scale, -0.5 / scale, 0.0], abs=1e-7)
 
 
-def plain_rloo(process, outcome, mask, K, gamma, form):
+def plain_rloo(process, outcome, mask, K, gamma, form, outcome_gamma=1.0):
     T = mask.shape[1]
     L = lengths_of(mask)
     means = [sum((process[i, t] for t in range(L[i])), 0.0) / max(L[i], 1) for i in range(len(L))]
@@ -308,24 +308,24 @@ def plain_rloo(process, outcome, mask, K, gamma, form):
                 r = r + (process[i, t] - means[i]) / (K - 1)
             shaped.append(r)
         row = plain_rtg(shaped, gamma)
-        row = [v + (o_adv if form == "paper" else gamma ** (L[i] - 1 - t) * o_adv) for t, v in enumerate(row)]
+        row = [v + outcome_gamma ** (L[i] - 1 - t) * o_adv for t, v in enumerate(row)]
         rows.append(row + [0.0] * (T - L[i]))
     return stack(rows, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("form", ["paper", "official"])
-@pytest.mark.parametrize("gamma", [1.0, 0.9])
+@pytest.mark.parametrize("gamma,outcome_gamma", [(1.0, 1.0), (0.9, 1.0), (0.5, 0.9)])
 @pytest.mark.parametrize("pad", [float("nan"), float("inf"), 123.0])
-def test_rloo_advantage_gradient_and_non_finite_padding(dtype, form, gamma, pad):
+def test_rloo_advantage_gradient_and_non_finite_padding(dtype, form, gamma, outcome_gamma, pad):
     lengths = [5, 3, 1, 4, 2, 5, 5, 3]
     process, mask = ragged(lengths, seed=11, dtype=dtype, pad=pad)
     outcome = torch.tensor([1.0, 0, 0, 1, 0.5, 0, 1, 1])
-    check_grads(lambda r: prime.rloo_advantage(r, outcome, mask, 4, gamma, form),
-                lambda r: plain_rloo(r, outcome, mask, 4, gamma, form), [process], torch.float32)
+    check_grads(lambda r: prime.rloo_advantage(r, outcome, mask, 4, gamma, form, outcome_gamma),
+                lambda r: plain_rloo(r, outcome, mask, 4, gamma, form, outcome_gamma), [process], torch.float32)
 
 
-def plain_grpo(process, outcome, mask, K, gamma, eps=1e-6):
+def plain_grpo(process, outcome, mask, K, gamma, eps=1e-6, outcome_gamma=1.0):
     T = mask.shape[1]
     L = lengths_of(mask)
     means = [sum((process[i, t] for t in range(L[i])), 0.0) / L[i] for i in range(len(L))]
@@ -340,18 +340,20 @@ def plain_grpo(process, outcome, mask, K, gamma, eps=1e-6):
         sm = (sum((v - mm) ** 2 for v in m) / (K - 1)) ** 0.5
         z = [(process[i, t] - mm) / (sm + eps) for t in range(L[i])]
         a_o = (outcome[i].item() - mo) / (so + eps)
-        rows.append([v + a_o for v in plain_rtg(z, gamma)] + [0.0] * (T - L[i]))
+        rows.append([v + outcome_gamma ** (L[i] - 1 - t) * a_o for t, v in enumerate(plain_rtg(z, gamma))]
+                    + [0.0] * (T - L[i]))
     return stack(rows, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("gamma", [1.0, 0.8])
-def test_grpo_advantage_gradient(dtype, gamma):
+@pytest.mark.parametrize("gamma,outcome_gamma", [(1.0, 1.0), (0.8, 1.0), (0.8, 0.6)])
+def test_grpo_advantage_gradient(dtype, gamma, outcome_gamma):
     lengths = [4, 2, 3, 4, 1, 2]
     process, mask = ragged(lengths, seed=12, dtype=dtype)
     outcome = torch.tensor([1.0, 0, 0, 1, 1, 0])
-    check_grads(lambda r: prime.grpo_advantage(r, outcome, mask, 3, gamma),
-                lambda r: plain_grpo(r, outcome, mask, 3, gamma), [process], torch.float32)
+    check_grads(lambda r: prime.grpo_advantage(r, outcome, mask, 3, gamma, outcome_gamma=outcome_gamma),
+                lambda r: plain_grpo(r, outcome, mask, 3, gamma, outcome_gamma=outcome_gamma), [process],
+                torch.float32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -359,23 +361,24 @@ def test_reinforce_and_prm_value_advantage_gradients(dtype):
     lengths = [4, 1, 3]
     process, mask = ragged(lengths, seed=13, dtype=dtype)
     outcome = torch.tensor([1.0, 0.0, 0.5])
-    T, gamma = mask.shape[1], 0.7
+    T, gamma, outcome_gamma = mask.shape[1], 0.7, 0.9
 
     def plain_reinforce(r):
-        return stack([[v + outcome[i].item() for v in plain_rtg([r[i, t] for t in range(L)], gamma)]
+        return stack([[v + outcome_gamma ** (L - 1 - t) * outcome[i].item()
+                       for t, v in enumerate(plain_rtg([r[i, t] for t in range(L)], gamma))]
                       + [0.0] * (T - L) for i, L in enumerate(lengths)], torch.float32)
 
     def plain_value(r):
         rows = []
         for i, L in enumerate(lengths):
             value_before = [sum((r[i, s] for s in range(t)), 0.0) for t in range(L)]  # q_{t-1}
-            rows.append([gamma ** (L - 1 - t) * outcome[i].item() - value_before[t] for t in range(L)]
+            rows.append([outcome_gamma ** (L - 1 - t) * outcome[i].item() - value_before[t] for t in range(L)]
                         + [0.0] * (T - L))
         return stack(rows, torch.float32)
 
-    check_grads(lambda r: prime.reinforce_advantage(r, outcome, mask, gamma), plain_reinforce, [process],
-                torch.float32)
-    check_grads(lambda r: prime.prm_value_advantage(r, outcome, mask, gamma), plain_value, [process],
+    check_grads(lambda r: prime.reinforce_advantage(r, outcome, mask, gamma, outcome_gamma), plain_reinforce,
+                [process], torch.float32)
+    check_grads(lambda r: prime.prm_value_advantage(r, outcome, mask, outcome_gamma), plain_value, [process],
                 torch.float32)
 
 

@@ -137,8 +137,9 @@ def test_prm_dpo_loss_by_hand():
 # --------------------------------------------------------------------------- RLOO (Eq. 5)
 
 
-def rloo_loop(process, outcome, mask, K, gamma, form):
-    """Eq. 5 and the official form, one token at a time."""
+def rloo_loop(process, outcome, mask, K, gamma, form, outcome_gamma=1.0):
+    """Eq. 5 and the official form, one token at a time (gamma: the process discount;
+    outcome_gamma: the outcome's, back from the last token)."""
     B, T = mask.shape
     out = torch.zeros(B, T)
     lengths = [int(mask[i].sum()) for i in range(B)]
@@ -157,22 +158,41 @@ def rloo_loop(process, outcome, mask, K, gamma, form):
                     if form == "official":
                         shaped += (process[i, s].item() - means[i]) / (K - 1)
                     value += gamma ** (s - t) * shaped
-            value += o_adv if form == "paper" else gamma ** (L - 1 - t) * o_adv
+            value += outcome_gamma ** (L - 1 - t) * o_adv
             out[i, t] = value
     return out
 
 
 @pytest.mark.parametrize("form", ["paper", "official"])
-@pytest.mark.parametrize("gamma", [1.0, 0.9])
-def test_rloo_matches_loop(form, gamma):
+@pytest.mark.parametrize("gamma,outcome_gamma", [(1.0, 1.0), (0.9, 1.0), (1.0, 0.8), (0.5, 0.9)])
+def test_rloo_matches_loop(form, gamma, outcome_gamma):
     lengths = [5, 3, 1, 4, 2, 5, 5, 3]
     process, mask = ragged_batch(lengths, seed=3)
     outcome = torch.tensor([1.0, 0, 0, 1, 0.5, 0, 1, 1])
-    got = prime.rloo_advantage(process, outcome, mask, n_samples=4, gamma=gamma, form=form)
-    assert torch.allclose(got, rloo_loop(process, outcome, mask, 4, gamma, form), atol=1e-5)
+    got = prime.rloo_advantage(process, outcome, mask, 4, gamma, form, outcome_gamma)
+    assert torch.allclose(got, rloo_loop(process, outcome, mask, 4, gamma, form, outcome_gamma), atol=1e-5)
     assert torch.all(got[mask == 0] == 0)
-    got = prime.rloo_advantage(None, outcome, mask, n_samples=4, gamma=gamma, form=form)
-    assert torch.allclose(got, rloo_loop(None, outcome, mask, 4, gamma, form), atol=1e-5)
+    got = prime.rloo_advantage(None, outcome, mask, 4, gamma, form, outcome_gamma)
+    assert torch.allclose(got, rloo_loop(None, outcome, mask, 4, gamma, form, outcome_gamma), atol=1e-5)
+
+
+def test_two_discounts_by_hand():
+    """K = 2, one row of 3 tokens per response; outcome [1, 0] -> outcome RLOO [+1, -1]; process
+    rows [1, 0, 2] and [0, 0, 0] (m = [1, 0]; paper form: shaped row 0 = r - 0 = [1, 0, 2], row 1 =
+    r - 1 = [-1, -1, -1]). Process gamma 0.5: row 0 [1 + 0.5 (0 + 0.5 * 2), 0 + 0.5 * 2, 2] =
+    [1.5, 1, 2]; row 1 [-1.75, -1.5, -1]. Outcome gamma 0.1: [0.01, 0.1, 1] times +1 / -1."""
+    process = torch.tensor([[1.0, 0.0, 2.0], [0.0, 0.0, 0.0]])
+    mask, outcome = torch.ones(2, 3), torch.tensor([1.0, 0.0])
+    got = prime.rloo_advantage(process, outcome, mask, 2, 0.5, "paper", 0.1)
+    assert torch.allclose(got, torch.tensor([[1.51, 1.1, 3.0], [-1.76, -1.6, -2.0]]))
+    only_process = prime.rloo_advantage(process, outcome, mask, 2, 0.5, "paper")  # Eq. 5: outcome undiscounted
+    assert torch.allclose(only_process, torch.tensor([[2.5, 2.0, 3.0], [-2.75, -2.5, -2.0]]))
+    # GRPO: outcome z = [+1, -1] / (std sqrt(2) + eps) on the same schedule; REINFORCE: r_o itself
+    z = 1 / (math.sqrt(2) + 1e-6)
+    grpo = prime.grpo_advantage(None, outcome, mask, 2, 0.5, outcome_gamma=0.1)
+    assert torch.allclose(grpo, torch.tensor([[0.01 * z, 0.1 * z, z], [-0.01 * z, -0.1 * z, -z]]))
+    reinforce = prime.reinforce_advantage(process, outcome, mask, 0.5, outcome_gamma=0.1)
+    assert torch.allclose(reinforce, torch.tensor([[1.51, 1.1, 3.0], [0.0, 0.0, 0.0]]))
 
 
 def test_rloo_by_hand():
@@ -280,7 +300,7 @@ def test_reinforce_by_hand():
 def test_prm_value_advantage_by_hand():
     process = torch.tensor([[0.2, -0.1, 0.4], [0.3, 9.0, 9.0]])
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    got = prime.prm_value_advantage(process, torch.tensor([1.0, 0.0]), mask, gamma=0.5)
+    got = prime.prm_value_advantage(process, torch.tensor([1.0, 0.0]), mask, outcome_gamma=0.5)
     # row 0: V = [0, 0.2, 0.1]; outcome return = [0.25, 0.5, 1] -> [0.25, 0.3, 0.9]
     # row 1: V = [0]; outcome 0 -> [0]
     assert got[0].tolist() == pytest.approx([0.25, 0.3, 0.9])

@@ -1,6 +1,7 @@
 """reproduce.py: its curve arithmetic by hand, and one tiny comparison end to end."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -48,10 +49,31 @@ def test_one_comparison_end_to_end(cache_dir, tmp_path):
     assert again.returncode == 0 and "done in" not in again.stdout
 
 
+def test_paired_difference_by_hand():
+    # seeds 1-3 shared (seed 4 is the baseline's alone): differences 0.1, 0.05, 0.2; mean 0.35 / 3;
+    # deviations -0.05/3, -0.2/3, 0.25/3 -> sd = sqrt((0.0025 + 0.04 + 0.0625) / 9 / 2) = sqrt(0.105 / 18)
+    p = reproduce.paired({1: 0.5, 2: 0.6, 3: 0.7}, {1: 0.4, 2: 0.55, 3: 0.5, 4: 0.9})
+    assert p["seeds"] == [1, 2, 3] and p["diffs"] == pytest.approx([0.1, 0.05, 0.2])
+    assert p["mean"] == pytest.approx(0.35 / 3)
+    assert p["t"] == pytest.approx((0.35 / 3) / (math.sqrt(0.105 / 18) / math.sqrt(3)))  # 2.65
+    assert (p["up"], p["down"], p["verdict"]) == (3, 0, "too few seeds")
+    assert reproduce.paired_text(p) == "+0.117 (t 2.6, 3/3 up; too few seeds)"
+    # five seeds: a claim when |t| >= 3 and every difference has its sign
+    base = {s: 0.5 for s in range(1, 6)}
+    up = reproduce.paired({s: 0.5 + 0.01 * s for s in range(1, 6)}, base)  # 0.01 .. 0.05: t = 0.03 / (0.0158 / 2.24) = 4.2
+    assert up["t"] == pytest.approx(0.03 / (np.std([0.01, 0.02, 0.03, 0.04, 0.05], ddof=1) / math.sqrt(5)))
+    assert up["verdict"] == "up"
+    mixed = reproduce.paired({1: 0.6, 2: 0.6, 3: 0.6, 4: 0.6, 5: 0.49}, base)  # one seed down: no claim
+    assert mixed["down"] == 1 and mixed["verdict"] == "none"
+    down = reproduce.paired({s: 0.4 for s in range(1, 6)}, base)  # every difference -0.1: t = -inf
+    assert down["t"] == -math.inf and down["verdict"] == "down"
+    assert reproduce.paired_text(reproduce.paired({1: 0.3}, {1: 0.1})) == "+0.200 (one seed)"
+    assert reproduce.paired_text(reproduce.paired({1: 0.3}, {2: 0.1})) == "no shared seed"
+    # the evaluation's binomial SE: 200 problems x 4 samples at 0.70 -> sqrt(0.21 / 800) = 0.0162
+    assert reproduce.eval_se(0.7, 800) == pytest.approx(math.sqrt(0.21 / 800))
+
+
 def test_credit_arithmetic_by_hand():
-    assert credit_study.seeds_apart([0.5, 0.6], [0.3, 0.49])
-    assert not credit_study.seeds_apart([0.5, 0.6], [0.3, 0.5])  # a tie overlaps
-    assert not credit_study.seeds_apart([], [0.1]) and not credit_study.seeds_apart([0.5], [])
     # outcome 0.2, checker 0.6 (gain 0.4), arm 0.4: half the gain; below outcome-only: negative
     assert credit_study.gap_closed(0.2, 0.6, 0.4) == pytest.approx(0.5)
     assert credit_study.gap_closed(0.2, 0.6, 0.1) == pytest.approx(-0.25)
@@ -108,11 +130,13 @@ def test_credit_report_reads_gains_against_the_arms_own_baseline_and_checker(tmp
     text, stats = credit_study.credit_report("sparse", list(runs), runs, window=2)
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()[2:]}
     step = rows[credit_study.CREDIT_LABELS["step-nf"]]
-    # gain 0.32 - 0.11 = +0.21, seeds apart (0.30 > 0.12); outcome's final 2-step mean 0.1 is reached at step 2
-    assert "+0.210 (yes)" in step and "| 2, 2 |" in step
+    # paired differences 0.20 and 0.22: mean +0.21, sd 0.01414, t = 0.21 / (0.01414 / sqrt 2) = 21.0;
+    # outcome's final 2-step mean 0.1 is reached at step 2
+    assert "+0.210 (t 21.0, 2/2 up; too few seeds)" in step and "| 2, 2 |" in step
     implicit = rows[credit_study.CREDIT_LABELS["implicit-nf-mixed"]]
-    # gain 0.21 - 0.11 = +0.100, seeds overlap (0.11 < 0.12); share of the checker's gain 0.10 / 0.21 = 0.48
-    assert "+0.100 (no)" in implicit and "| 0.48 |" in implicit
+    # differences 0.01 and 0.19: mean +0.10, sd 0.1273, t = 1.1; the checker's gain is measured (t 21,
+    # every seed up): share 0.10 / 0.21 = 0.48
+    assert "+0.100 (t 1.1, 2/2 up; too few seeds)" in implicit and "| 0.48 |" in implicit
     assert stats["step-nf"]["end_sampled"] == [0.30, 0.34]
     # each weight moved 0.003 and 0.006: RMS 3e-3 and 6e-3, shown x 1e3 as mean [min, max]; 4 mixed / 6 kept
     assert stats["step-nf"]["weight_change"] == pytest.approx([0.003, 0.006])
@@ -168,9 +192,13 @@ def test_an_arm_with_fewer_seeds_is_compared_seed_for_seed(tmp_path):
     text, _ = credit_study.credit_report("sparser", list(runs), runs, window=2)
     implicit = [line for line in text.splitlines() if line.startswith(f"| {credit_study.CREDIT_LABELS['implicit-nf-mixed']} |")][0]
     # seed 1 only: 0.15 - 0.10 = +0.05 over outcome's seed 1 (not -0.05 under its 3-seed mean 0.20),
-    # one seed, so no seed-range verdict; the checker's seeds overlap outcome's (0.20, 0.30 < 0.30):
-    # no measured gap to take a share of
-    assert "| +0.050 (one seed) | no measured gap |" in implicit
+    # one seed, so no t; the checker's paired differences are all +0.10 (t = inf, every seed up): a
+    # measured gap, of which this arm's seed 1 takes (0.15 - 0.10) / (0.20 - 0.10) = 0.50
+    assert "| +0.050 (one seed) | 0.50 |" in implicit
+    runs["step-nf"] = [fake_run(s, [0.1] * 4, e, folder=tmp_path / "s1") for s, e in ((1, 0.20), (2, 0.15), (3, 0.40))]
+    text, _ = credit_study.credit_report("sparser", list(runs), runs, window=2)
+    implicit = [line for line in text.splitlines() if line.startswith(f"| {credit_study.CREDIT_LABELS['implicit-nf-mixed']} |")][0]
+    assert "| +0.050 (one seed) | no measured gap |" in implicit  # the checker's seed 2 is down: no gap
     runs["step-nf"] = [fake_run(s, [0.1] * 4, e, folder=tmp_path / "s2") for s, e in ((1, 0.35), (2, 0.40), (3, 0.45))]
     text, _ = credit_study.credit_report("sparser", list(runs), runs, window=2)
     implicit = [line for line in text.splitlines() if line.startswith(f"| {credit_study.CREDIT_LABELS['implicit-nf-mixed']} |")][0]
@@ -186,9 +214,9 @@ def test_a_baseline_and_checker_recorded_by_an_earlier_report_stand_in_for_their
             "step-nf-gamma": [fake_run(s, [0.1, 0.1, 0.2, 0.2], e, folder=tmp_path / "g") for s, e in ((1, 0.20), (2, 0.16))]}
     text, stats = credit_study.credit_report("sparser", list(runs), runs, window=2)
     full = [line for line in text.splitlines() if line.startswith(f"| {credit_study.CREDIT_LABELS['step-nf-gamma']} |")][0]
-    # by hand: gain 0.18 - 0.11 = +0.070, seeds apart (0.16 and 0.20 above 0.10 and 0.12); share of the
-    # checker's (apart, +0.21) gain 0.07 / 0.21 = 0.33; outcome's final 2-step mean 0.1 is reached at step 2
-    assert "| 2, 2 | +0.070 (yes) | 0.33 |" in full
+    # by hand: differences 0.10 and 0.04, mean +0.070, sd 0.04243, t = 0.07 / 0.03 = 2.3; share of the
+    # checker's (measured, +0.21) gain 0.07 / 0.21 = 0.33; outcome's final 2-step mean 0.1 is reached at step 2
+    assert "| 2, 2 | +0.070 (t 2.3, 2/2 up; too few seeds) | 0.33 |" in full
     alone, _ = credit_study.credit_report("sparser", ["step-nf-gamma"], {"step-nf-gamma": runs["step-nf-gamma"]}, window=2,
                                        recorded={a: stats[a] for a in ("outcome-nf", "step-nf")})
     assert alone.splitlines()[2] == full  # the same row from the recorded numbers as from the runs
