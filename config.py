@@ -149,6 +149,8 @@ class Args:
     gradient_checkpointing: bool = False
     """recompute activations in backward to save memory (big models)"""
     # --- plumbing
+    sandbox: str = "auto"
+    """code rewards: 'auto' runs the policy's programs in the strongest sandbox this machine allows and says which at start-up; 'namespaces' refuses to start without full isolation (verify.py's docstring, item 5)"""
     rollout: str = field(default_factory=default_rollout)
     """generation backend: 'vllm' (an engine in each rank) or 'hf'; default: vllm where installed and a GPU is present, else hf"""
     vllm_gpu_memory_utilization: float = 0.3
@@ -199,7 +201,7 @@ CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass", "ppo
                pass_preset=("math", "qa", "v1"),
                process_norm=("batch", "beta"), reference=("sft", "policy"), prm_update=("after", "before"),
                prm_loss=("ce", "dpo"), prm_groups=("kept", "mixed"), loss_mean=("global", "micro"),
-               rollout=("hf", "vllm"), preset=("", "paper", "1.5b"))
+               rollout=("hf", "vllm"), preset=("", "paper", "1.5b"), sandbox=("auto", "namespaces"))
 
 
 def parse_args(argv=None, description: str = "") -> Args:

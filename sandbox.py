@@ -3,6 +3,8 @@
     run_jobs(jobs, n_workers) -> {i: (reward, reason)}   every job in a pool of worker processes
     run_code_tests(program, tests, timeout)            (in a worker) each test in its own sandbox
     sandbox_mode() -> str                               which defences this machine allows
+    announce(required) -> str                           train.py's start-up line (or RuntimeError)
+    parse_assert(text, where) -> dict                   an assert test, split into sandbox and check
     shutdown()                                          stop the pool (also runs at exit)
 
 verify.py holds the reward functions and the worker's side of the protocol (`verify._worker_main`,
@@ -11,13 +13,14 @@ workers, and runs each code test as a sandboxed process. verify.py's docstring (
 describes the time limits and the sandbox's modes and what each protects against.
 """
 
+import ast
 import atexit
+import builtins
 import ctypes
 import functools
 import json
 import math
 import os
-import pwd
 import resource
 import shutil
 import signal
@@ -43,97 +46,246 @@ SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_AL
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-# Appended to the program for a call-based test. Like the APPS/TACO graders: a `class Solution`
-# (LeetCode style) is instantiated and its method called, else the plain function; a returned tuple
-# equals a list (JSON has no tuples; here at any depth), and an expected value wrapped in a
-# one-element list (as TACO stores many) also matches the unwrapped one. No float tolerance.
+# Comparing outside the sandbox. The program (and anything it patches: json, __eq__, builtins, the
+# frames above it) runs in the sandbox; the expected values never do. For a call-based or an assert
+# test the program is followed by a harness that computes the values the test reads (the call's
+# return value; each program-defined value an assert reads) and writes their repr() as the last line
+# of stdout. The worker reads that line back with ast.literal_eval, so only plain values come out (an
+# object with its own __eq__ has no literal repr: the test fails), and compares them with the
+# expected values itself. There is no pass token to steal: the program cannot print a right answer
+# it has not computed, because nothing it can reach holds one.
+
+# A call-based test (APPS/TACO, LeetCode): `class Solution` instantiated and its method called if the
+# program defines one, else the program's own module-level function of that name (a builtin the
+# program never defined, such as `sorted`, is not found: exit code 3).
 _CALL_HARNESS = """
-import json as _json
-def _lists(x):
-    return [_lists(v) for v in x] if isinstance(x, (list, tuple)) else x
-_target = Solution().{name} if "Solution" in globals() and hasattr(Solution, {name!r}) else {name}
-_out = _lists(_target(*_json.loads({args!r})))
-_expected = _json.loads({expected!r})
-if _out == _expected or (isinstance(_expected, list) and len(_expected) == 1 and _out == _expected[0]):
-    print({token!r})
+def _sandbox_call():
+    import json, sys
+    names = globals()
+    if isinstance(names.get("Solution"), type) and hasattr(names["Solution"], {name!r}):
+        target = getattr(names["Solution"](), {name!r})
+    elif {name!r} in names:
+        target = names[{name!r}]
+    else:
+        sys.exit(3)
+    sys.stdout.write("\\n" + repr(target(*json.loads({args!r}))) + "\\n")
+_sandbox_call()
 """
 
+# An assert test: the values the assert reads from the program, computed in the sandbox.
+_VALUES_HARNESS = """
+def _sandbox_values():
+    import sys
+    names = globals()
+    if not all(name in names for name in {names!r}):
+        sys.exit(3)
+    sys.stdout.write("\\n" + repr([{calls}]) + "\\n")
+_sandbox_values()
+"""
 
-def _sandbox_user() -> tuple[int, int]:
-    """(uid, gid) of `nobody`, the user sandboxed programs run as when we are root."""
+# What an assert may do with those values, evaluated in the worker: these builtins and `math` (no
+# attribute starting with "_"), comparisons, arithmetic, literals. Everything else in the assert (a
+# call of the program's function, one of its names) is computed in the sandbox.
+CHECK_BUILTINS = ("abs", "all", "any", "bool", "dict", "divmod", "enumerate", "float", "frozenset", "int",
+                  "isinstance", "len", "list", "max", "min", "pow", "range", "reversed", "round", "set",
+                  "sorted", "str", "sum", "tuple", "type", "zip")
+_CHECK_NAMES = {*CHECK_BUILTINS, "math"}
+_CHECK_NODES = (ast.Expression, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.BinOp, ast.Call, ast.keyword,
+                ast.Attribute, ast.Name, ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Subscript,
+                ast.Slice, ast.IfExp, ast.Load, ast.expr_context, ast.cmpop, ast.boolop, ast.unaryop,
+                ast.operator)
+
+
+def _root_name(node: ast.AST) -> str | None:
+    """The name a chain of calls, attributes and subscripts starts from (`f` in f(1)[0].x)."""
+    while isinstance(node, (ast.Call, ast.Attribute, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def parse_assert(text: str, where: str) -> dict:
+    """A reference's assert -> {"assert": text, "names": program names it reads, "calls": the
+    sources the sandbox computes, "check": the assert with each of them replaced by _r[i]}.
+
+    `assert add(1, 2) == 3` becomes calls ["add(1, 2)"], check "_r[0] == 3". Every maximal piece of
+    the expression that starts from a name the checker does not know (the program's function, class
+    or constant) is computed in the sandbox; the rest (comparisons, math.isclose, sorted, set, ...) is
+    checked in the worker on plain values. ValueError for an empty assert, anything but one assert
+    statement, one that reads nothing from the program, or one the worker could not check safely
+    (lambdas, comprehensions, attributes starting with "_")."""
     try:
-        entry = pwd.getpwnam("nobody")
-        return entry.pw_uid, entry.pw_gid
-    except KeyError:
-        return 65534, 65534
+        tree = ast.parse(text)
+    except SyntaxError as error:
+        raise ValueError(f"{where} is not Python: {error.msg}") from None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+        raise ValueError(f"{where} must be exactly one assert statement, got {text[:80]!r}")
+    calls, names = [], set()
+
+    class Split(ast.NodeTransformer):
+        def visit(self, node):
+            root = _root_name(node) if isinstance(node, (ast.Call, ast.Attribute, ast.Subscript, ast.Name)) else None
+            if root is not None and root not in _CHECK_NAMES:  # the program's: computed in the sandbox
+                calls.append(ast.unparse(node))
+                names.add(root)
+                return ast.Subscript(ast.Name("_r", ast.Load()), ast.Constant(len(calls) - 1), ast.Load())
+            return self.generic_visit(node)
+
+    check = ast.Expression(Split().visit(tree.body[0].test))
+    if not calls:
+        raise ValueError(f"{where} reads nothing the program defines: {text[:80]!r}")
+    for node in ast.walk(check):
+        bad = (not isinstance(node, _CHECK_NODES)
+               or (isinstance(node, ast.Attribute) and (node.attr.startswith("_") or _root_name(node) != "math"))
+               or (isinstance(node, ast.Name) and node.id not in _CHECK_NAMES | {"_r"}))
+        if bad:
+            raise ValueError(f"{where}: the checker cannot evaluate {ast.unparse(node)[:60]!r} outside the sandbox "
+                             f"(only comparisons, literals, math and {', '.join(CHECK_BUILTINS)} on the program's values)")
+    return {"assert": text, "names": sorted(names), "calls": calls, "check": ast.unparse(check)}
 
 
-def _as_nobody(program: list[str]) -> list[str]:
-    """Run `program` as `nobody`, with no way to regain privileges (setpriv, from util-linux).
+def _plain(x):
+    """Tuples as lists at any depth (JSON has no tuples; a returned tuple equals an expected list)."""
+    return [_plain(v) for v in x] if isinstance(x, (list, tuple)) else x
 
-    setpriv sets the parent-death signal again after the change of user (which clears it), so the
-    program dies with the process that started it.
-    """
-    uid, gid = _sandbox_user()
-    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs",
+
+def _last_value(stdout: str):
+    """The harness's line, read back as a Python literal; raises ValueError if it is not one."""
+    line = stdout.rstrip("\n").rsplit("\n", 1)[-1]
+    try:
+        return ast.literal_eval(line)
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        raise ValueError("no literal value") from None
+
+
+def _passes(test: dict, returncode: int | None, stdout: str) -> bool:
+    """Compare in the worker (outside the sandbox) what the program printed with what the test expects."""
+    if returncode != 0:
+        return False
+    if "stdin" in test:  # whitespace-separated tokens, as the official grader compares
+        return stdout.split() == test["stdout"].split()
+    try:
+        value = _last_value(stdout)
+    except ValueError:
+        return False
+    if "call" in test:  # TACO stores many expected values wrapped in a one-element list: both match
+        got, expected = _plain(value), _plain(json.loads(test["expected"]))
+        return got == expected or (isinstance(expected, list) and len(expected) == 1 and got == expected[0])
+    if not isinstance(value, list) or len(value) != len(test["calls"]):
+        return False
+    allowed = {name: getattr(builtins, name) for name in CHECK_BUILTINS}
+    try:
+        return bool(eval(test["check"], {"__builtins__": allowed, "math": math, "_r": value}))  # noqa: S307
+    except Exception:  # noqa: BLE001 (a value of the wrong type makes the check raise: the test fails)
+        return False
+
+
+# Each test runs as a user of its own: uid SANDBOX_UID_BASE + the worker's pid (a worker runs one
+# test at a time, and live pids are unique). So RLIMIT_NPROC counts this test's processes only (a
+# program holding its 32 cannot starve a sibling graded beside it), and a program cannot signal,
+# ptrace or pidfd_getfd another test's processes (they belong to another user). The uid needs no
+# /etc/passwd entry.
+SANDBOX_UID_BASE = 200_000
+INTERPRETER = os.path.realpath(getattr(sys, "_base_executable", sys.executable))  # not a venv's: stdlib only
+INTERPRETER_PREFIX = os.path.realpath(sys.base_prefix)
+
+
+def _test_uid() -> int:
+    return SANDBOX_UID_BASE + os.getpid()
+
+
+def _as_user(uid: int, program: list[str]) -> list[str]:
+    """Run `program` as `uid` (group the same), with no way to regain privileges (setpriv, from
+    util-linux). setpriv sets the parent-death signal again after the change of user (which clears
+    it), so the program dies with the process that started it."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
             "--pdeathsig", "SIGKILL", "--", *program]
 
 
-# Runs as root inside the new namespaces: give the program empty private temporary directories,
-# then run it (as `nobody`, via setpriv). `sh` stays the namespace's first process (no `exec`): it
-# has unshare's parent-death signal, and when it dies the kernel kills every process in the
-# namespace, including those that left the process group.
+# Runs as root inside new PID, network, IPC and mount namespaces, in the test's directory (which
+# holds main.py and an empty root/). It builds the filesystem the program will see and runs it there:
+# - root/ becomes a fresh tmpfs (64 MB, 2048 inodes), unmounted by the kernel with the namespace, so
+#   nothing the program writes outlives the test and nothing is ever removed file by file;
+# - the system's programs and libraries (/usr, /lib*, /bin, /sbin, the dynamic loader's cache) and
+#   the interpreter's own prefix (which may live under /root or /opt) are bound read-only;
+# - /dev holds null, zero, random and urandom; /tmp and /work are empty, on the tmpfs;
+# - nothing else: not the checkout, the data, the home directories, /run, /proc or the host's /tmp.
+# `sh` stays the namespace's first process (no `exec`): it has unshare's parent-death signal, and when
+# it dies the kernel kills every process in the namespace, including those that left the group.
 _NAMESPACE_SCRIPT = """
-work=$PWD
-for d in /tmp /var/tmp /dev/shm; do
-  if [ -d "$d" ]; then mount -t tmpfs -o size=16m,mode=1777 tmpfs "$d" || exit 125; fi
+set -e
+uid=$1 prefix=$2; shift 2
+chroot_bin=$(PATH="/usr/sbin:/sbin:$PATH"; command -v chroot)  # the program keeps SANDBOX_ENV's PATH
+root=$PWD/root
+mount -t tmpfs -o size=64m,nr_inodes=2048,mode=755 tmpfs "$root"
+ro() { mkdir -p "$root$1"; mount --bind "$1" "$root$1"; mount -o remount,bind,ro,nosuid,nodev "$root$1"; }
+for d in /usr /lib /lib32 /lib64 /libx32 /bin /sbin; do
+  if [ -L "$d" ]; then ln -s "$(readlink "$d")" "$root$d"; elif [ -d "$d" ]; then ro "$d"; fi
 done
-if [ ! -d "$work" ]; then  # it was under a masked directory: bind it back at the same path
-  mkdir -p "$work" && mount --no-canonicalize --bind . "$work" || exit 125
-fi
-cd "$work" && unset PWD OLDPWD || exit 125
-"$@"
-exit $?
+case "$prefix" in /usr|/usr/*) ;; *) ro "$prefix" ;; esac
+mkdir -p "$root/etc" "$root/dev" "$root/tmp" "$root/work"
+if [ -f /etc/ld.so.cache ]; then touch "$root/etc/ld.so.cache"; mount --bind /etc/ld.so.cache "$root/etc/ld.so.cache"; fi
+for n in null zero random urandom; do touch "$root/dev/$n"; mount --bind "/dev/$n" "$root/dev/$n"; done
+chmod 1777 "$root/tmp"
+cp main.py "$root/work/main.py"
+chown -R "$uid:$uid" "$root/work"
+unset PWD OLDPWD
+"$chroot_bin" "$root" /usr/bin/env -C /work "$@"
 """
 
 
-def _sandbox_command(mode: str, program: list[str]) -> list[str]:
+def _sandbox_command(mode: str, program: list[str], uid: int) -> list[str]:
     if mode == "rlimits":
         return program
     if mode == "nobody":
-        return _as_nobody(program)
-    return ["unshare", "--pid", "--net", "--mount", "--mount-proc", "--fork", "--kill-child", "--",
-            "sh", "-c", _NAMESPACE_SCRIPT, "sh", *_as_nobody(program)]
+        return _as_user(uid, program)
+    return ["unshare", "--pid", "--net", "--ipc", "--mount", "--mount-proc", "--fork", "--kill-child", "--",
+            "sh", "-c", _NAMESPACE_SCRIPT, "sh", str(uid), INTERPRETER_PREFIX, *_as_user(uid, program)]
+
+
+# What each mode leaves open, for train.py's start-up line and the README (tests/test_sandbox.py).
+MODE_GAPS = {
+    "namespaces": "",
+    "nobody": ("no network isolation (127.0.0.1 is reachable), the program can read what any user can "
+               "(your checkout, your data) and write to /tmp, /var/tmp and /dev/shm, and it sees other "
+               "processes in /proc"),
+    "rlimits": ("the program runs as your user: it can read, write and delete your files, reach the "
+                "network and signal your processes; only time, memory and process limits hold"),
+}
+
+
+def announce(required: str = "auto") -> str:
+    """The line a run that scores code prints at start-up: the mode, and what it leaves open when it
+    is weaker than full isolation. required="namespaces" (train.py --sandbox namespaces) raises
+    RuntimeError, saying why, when full isolation is not available here."""
+    mode = sandbox_mode()
+    if required != "auto" and mode != required:
+        raise RuntimeError(f"--sandbox {required}: this machine gives the code sandbox '{mode}' only ("
+                           + ("not root" if mode == "rlimits" else "unshare/mount namespaces failed: a container "
+                              "without CAP_SYS_ADMIN?") + f"). In '{mode}', {MODE_GAPS[mode]}")
+    if not MODE_GAPS[mode]:
+        return (f"code sandbox: {mode} (each test as its own user, no network, a private tmpfs root with the "
+                "system's programs read-only: it cannot see your files)")
+    return f"warning: code sandbox: {mode} only: {MODE_GAPS[mode]}. Train on code inside a container or as root."
 
 
 @functools.cache
 def sandbox_mode() -> str:
     """"namespaces", "nobody" or "rlimits": the code-sandbox defences available (see the top).
 
-    Found once per process by running a tiny program exactly as real ones are run.
-    """
+    Found once per process by running a tiny program exactly as real ones are run."""
     if os.geteuid() != 0:
         return "rlimits"
     if not shutil.which("setpriv"):
         raise RuntimeError("code sandbox: we run as root, and without util-linux's `setpriv` "
                            "programs would run as root too; install it (or run as another user)")
-    uid = str(_sandbox_user()[0])
-    probe = [sys.executable, "-I", "-c", "import os; print(os.getuid())"]
-    run = functools.partial(subprocess.run, capture_output=True, timeout=60, env=SANDBOX_ENV,
-                            cwd="/", stdin=subprocess.DEVNULL)
-    if shutil.which("unshare"):
-        try:
-            result = run(_sandbox_command("namespaces", probe))
-            if result.returncode == 0 and result.stdout.decode().strip() == uid:
-                return "namespaces"
-        except (OSError, subprocess.SubprocessError):
-            pass  # e.g. a container without CAP_SYS_ADMIN
-    result = run(_sandbox_command("nobody", probe))
-    if result.returncode == 0 and result.stdout.decode().strip() == uid:
-        return "nobody"
-    # Typically a Python under /root, which `nobody` may not enter: every code test would fail.
-    raise RuntimeError(f"code sandbox: user 'nobody' cannot run {sys.executable}: "
-                       f"{result.stderr.decode(errors='replace')[-300:]}")
+    results = []
+    for mode in (["namespaces"] if shutil.which("unshare") else []) + ["nobody"]:
+        returncode, stdout = _run_sandboxed("import os; print(os.getuid())", None, 60.0, mode)
+        if returncode == 0 and stdout.strip() == str(_test_uid()):
+            return mode
+        results.append(f"{mode}: exit code {returncode}, output {stdout[-200:]!r}")
+    # Typically a Python under a directory other users may not enter: every code test would fail.
+    raise RuntimeError(f"code sandbox: a test user cannot run {INTERPRETER} ({'; '.join(results)})")
 
 
 def set_parent_death_signal() -> None:
@@ -193,15 +345,18 @@ def _limit_sandbox(timeout: float) -> None:
     set_parent_death_signal()  # if the worker dies, so does the sandbox (unshare, setpriv, python)
 
 
-def _run_sandboxed(source: str, stdin_text: str | None, timeout: float) -> tuple[int | None, str]:
+def _run_sandboxed(source: str, stdin_text: str | None, timeout: float,
+                   mode: str | None = None) -> tuple[int | None, str]:
     """Run a Python program in the sandbox: (exit code, or None on timeout; its stdout)."""
-    mode = sandbox_mode()
+    mode = mode or sandbox_mode()
     workdir = tempfile.mkdtemp(prefix="verify-sandbox-")
     try:
         Path(workdir, "main.py").write_text(source, encoding="utf-8", errors="replace")
-        if mode != "rlimits":
-            os.chown(workdir, *_sandbox_user())  # its only writable directory
-        command = _sandbox_command(mode, [sys.executable, "-I", "main.py"])
+        if mode == "namespaces":
+            os.mkdir(Path(workdir, "root"))  # the mount point of the program's own root (a tmpfs)
+        elif mode == "nobody":
+            os.chown(workdir, _test_uid(), _test_uid())  # its only writable directory
+        command = _sandbox_command(mode, [INTERPRETER, "-I", "main.py"], _test_uid())
         with tempfile.TemporaryFile() as stdin_file, tempfile.TemporaryFile() as stdout_file:
             stdin_file.write((stdin_text or "").encode("utf-8", errors="replace"))
             stdin_file.seek(0)
@@ -228,33 +383,38 @@ def _run_sandboxed(source: str, stdin_text: str | None, timeout: float) -> tuple
         return returncode, stdout
     finally:
         _kill_children()
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir, wait=True)
+
+
+def remove_tree(path: str, wait: bool) -> None:
+    """rm -rf, which walks a tree of any depth (shutil.rmtree recurses: a program that made a directory
+    3000 deep made it raise RecursionError). wait=False: in the background, so that the caller (the
+    trainer's thread, replacing a worker) never waits for a program's thousands of files."""
+    if wait:
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", path], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    else:
+        threading.Thread(target=remove_tree, args=(path, True), daemon=True).start()
 
 
 def run_code_tests(program: str, tests: list[dict], timeout: float) -> tuple[float, str]:
-    """Reward = fraction of tests passed; each test is one sandboxed run of the program.
+    """Reward = fraction of tests passed; each test is one sandboxed run of the program, compared
+    outside the sandbox (_passes):
 
     stdin/stdout test: exit code 0 and the same whitespace-separated tokens as expected.
-    assert test: the program, then the assert, then a print of a random token; passes on exit
-    code 0 with the token as the last line (so `exit(0)` at the top does not pass every test).
-    call-based test: the program, then `_CALL_HARNESS` (call, compare, print the token); the same rule.
+    call-based test: the program, then _CALL_HARNESS (the call; its value's repr as the last line).
+    assert test: the program, then _VALUES_HARNESS (the values the assert reads from the program);
+    the assert itself is checked in the worker on those values (parse_assert).
     """
     passed, first_failure = 0, ""
     for k, test in enumerate(tests):
-        if "call" in test or "assert" in test:  # the program, then a check that prints a random token
-            token = os.urandom(8).hex()
-            if "call" in test:  # call-based: a call of its function and a comparison
-                source = program + "\n" + _CALL_HARNESS.format(name=test["call"], args=test["args"],
-                                                               expected=test["expected"], token=token)
-            else:
-                source = f"{program}\n\n{test['assert']}\nprint({token!r})\n"
-            returncode, stdout = _run_sandboxed(source, None, timeout)
-            lines = stdout.strip().splitlines()
-            ok_output = bool(lines) and lines[-1].strip() == token
-        else:
+        if "stdin" in test:
             returncode, stdout = _run_sandboxed(program, test["stdin"], timeout)
-            ok_output = stdout.split() == test["stdout"].split()
-        if returncode == 0 and ok_output:
+        else:
+            harness = (_CALL_HARNESS.format(name=test["call"], args=test["args"]) if "call" in test else
+                       _VALUES_HARNESS.format(names=test["names"], calls=", ".join(test["calls"])))
+            returncode, stdout = _run_sandboxed(f"{program}\n\n{harness}", None, timeout)
+        if _passes(test, returncode, stdout):
             passed += 1
         elif not first_failure:
             why = ("timeout" if returncode is None else
@@ -301,7 +461,9 @@ def _start_worker() -> _Worker:
     return _Worker(process, scratch, deadline=time.monotonic() + WORKER_STARTUP_SECONDS)
 
 
-def _stop_worker(worker: _Worker, kill: bool) -> None:
+def _stop_worker(worker: _Worker, kill: bool, wait: bool = False) -> None:
+    """Stop a worker and remove its scratch directory: in the background (wait=False) when the
+    trainer's thread is replacing it mid-batch, at once when the pool shuts down."""
     if kill:
         worker.process.kill()
     for pipe in (worker.process.stdin, worker.process.stdout):
@@ -314,14 +476,14 @@ def _stop_worker(worker: _Worker, kill: bool) -> None:
     except subprocess.TimeoutExpired:
         worker.process.kill()
         worker.process.wait()
-    shutil.rmtree(worker.scratch, ignore_errors=True)
+    remove_tree(worker.scratch, wait=wait)
 
 
 def stop_pool(kill: bool) -> None:
     global _pool
     if _pool_owner == os.getpid():  # a forked child leaves its parent's workers alone
         for worker in _pool:
-            _stop_worker(worker, kill)
+            _stop_worker(worker, kill, wait=True)
     _pool = []
 
 

@@ -51,6 +51,7 @@ import eval as evaluation
 import pass_advantage
 import prime
 import runlog
+import sandbox
 import step_prm
 import toy_task
 import verify
@@ -472,6 +473,8 @@ def main(argv=None):
     tokenizer = models.tokenizer
     train_tasks, eval_tasks = load_tasks(args, tokenizer)
     kinds = sorted({t.kind for t in train_tasks})
+    if "code" in kinds + [t.kind for t in eval_tasks]:  # the policy's programs will run: say where
+        print0(d, code_sandbox_line(args))
     kinds = kinds if len(kinds) > 1 else []  # a file mixing math and code logs each kind's reward
     sampler = make_sampler(args, models, d)
     start_step, eval_seconds = 0, 0.0  # eval_seconds: every held-out evaluation of this launch
@@ -587,6 +590,14 @@ def main(argv=None):
     elif d.world > 1:
         dist.destroy_process_group()
     return run_dir
+
+
+def code_sandbox_line(args: Args) -> str:
+    """The code sandbox's mode and what it leaves open; --sandbox namespaces stops the run without it."""
+    try:
+        return sandbox.announce(args.sandbox)
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from None
 
 
 def write_summary(run_dir: Path, args: Args, start: dict, end: dict, timing: dict, eval_problems: int) -> None:

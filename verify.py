@@ -74,27 +74,36 @@ Design
    training loop. Caller errors (a wrong kind, a malformed reference) do raise ValueError, naming
    the item and the field: those are bugs to fix, not model outputs.
 4. QA runs in the calling process: it is a few linear-time string operations.
-5. Code runs in the workers, each test in its own sandboxed process (see `_run_sandboxed`): a fresh
-   temporary directory, no stdin (or the test's input), a minimal environment, CPU-time, memory,
-   file-size, open-file and process-count limits, a wall-clock timeout (`timeout`, per test) that
-   kills the whole process group. `sandbox_mode()` (sandbox.py) picks the strongest defences the machine allows:
-   - "namespaces" (root, `unshare` works): the program runs as user `nobody` in new PID, network and
-     mount namespaces: it sees only its own processes, has no network (only a loopback that is
-     down), gets empty private /tmp, /var/tmp and /dev/shm, and when the sandbox's first process
-     dies the kernel kills everything the program started, even what left the process group.
-     RLIMIT_NPROC, which does not apply to root, applies to `nobody`: a fork bomb stops at 32.
-   - "nobody" (root, no namespaces): runs as `nobody` with the same limits; no network isolation,
-     and world-writable directories (/tmp) are writable.
+5. Code runs in the workers, each test in its own sandboxed process (sandbox.py): the base
+   interpreter (never a venv's; stdlib only), a minimal environment, CPU-time, memory (1 GiB a
+   process), file-size (16 MB), open-file and process-count (32) limits, a wall-clock timeout
+   (`timeout`, per test) that kills the whole process group. What the test expects never enters the
+   sandbox: a call's return value, and each value an assert reads from the program, come back as
+   the repr() of plain Python values (ast.literal_eval), and the worker compares them itself (the
+   assert's comparison runs there, on those values). So no __eq__, patched module, frame walk or
+   early exit can pass a test the program did not solve. `fn_name` must be the program's own name
+   (a builtin it never defined is not called); an empty test, an assert that reads nothing from the
+   program, or a reference nested past Python's limits is a ValueError at load time.
+   `sandbox_mode()` picks the strongest defences the machine allows; train.py prints it at start-up
+   and `--sandbox namespaces` refuses to run without the first:
+   - "namespaces" (root, unshare and mount work): new PID, network, IPC and mount namespaces; the
+     program runs chrooted in a fresh tmpfs (64 MB, 2048 inodes, gone with the namespace) holding
+     /usr, /lib*, the interpreter's prefix (bound read-only, wherever Python lives), four /dev nodes
+     and empty /tmp and /work: it cannot see your checkout, your data, /run, /proc or other users'
+     files, has no network and no shared memory that outlives it, and when the sandbox's first
+     process dies the kernel kills everything the program started.
+   - "nobody" (root, no namespaces): the same limits, run as a user of its own; no network or
+     filesystem isolation (sandbox.MODE_GAPS says what is open), and a warning at start-up.
    - "rlimits" (not root): only the limits, the process group and the minimal environment. The
      program runs as your user: it can read and write what you can. Use a container for RL on code.
-   In every mode the worker is a child subreaper: whatever a program leaves running (double
-   forks, setsid) is re-parented to the worker, which kills and reaps all its children after each
-   test. (Only if the worker itself is killed mid-test can a grandchild outlive it, outside
-   "namespaces".)
-   As root, programs never run as root: without `setpriv` (util-linux), or if `nobody` cannot run
-   this Python (a venv under /root), code items score 0 with a RuntimeError naming the problem.
-   The sandbox stops accidents and crude attacks; it is not a security boundary against a model that
-   targets it (an assert test can be faked by a program that reads its own file for the token).
+   As root, each test runs as a user of its own (uid 200000 + the worker's pid), so its 32
+   processes are its own (a hog cannot starve a sibling) and it cannot signal or read another
+   test's processes. In every mode the worker is a child subreaper: whatever a program leaves
+   running is re-parented to the worker, which kills and reaps all its children after each test.
+   Directories are removed with `rm -rf` (any depth), and a replaced worker's scratch directory in
+   the background, never file by file in the trainer's thread. Still open: memory is limited per
+   process, not per test (32 x 1 GiB in the worst case), and "nobody" and "rlimits" keep what
+   MODE_GAPS lists; tests/test_sandbox.py holds the attacks, one per class.
 6. Linux only: resource limits, prctl and /proc.
 
 Where we differ from the official PRIME math grader (../shared/specs/PRIME.md)
@@ -283,8 +292,18 @@ def code_format(response: str) -> int:
 
 
 def _code_tests(reference, index: int) -> list[dict]:
-    """Validate a code reference and flatten it to [{"stdin", "stdout"} | {"assert"}, ...]."""
+    """Validate a code reference and flatten it to the tests sandbox.run_code_tests runs:
+    [{"stdin", "stdout"} | {"assert", "calls", "check"} | {"call", "args", "expected"}, ...].
+    Anything malformed (no test, an empty one, JSON nested past Python's limits, an assert that
+    checks nothing the program computes) is a ValueError naming the item, never a reward."""
     where = f"references[{index}] (kind 'code')"
+    try:
+        return _parse_code_reference(reference, where)
+    except (RecursionError, MemoryError):
+        raise ValueError(f"{where} is nested too deeply to read") from None
+
+
+def _parse_code_reference(reference, where: str) -> list[dict]:
     if isinstance(reference, str):
         try:
             reference = json.loads(reference)
@@ -302,8 +321,11 @@ def _code_tests(reference, index: int) -> list[dict]:
         raise ValueError(f"{where}: every 'inputs'/'outputs' entry must be a string")
     if not (isinstance(asserts, list) and all(isinstance(a, str) for a in asserts)):
         raise ValueError(f"{where}: 'asserts' must be a list of strings (one test each)")
+    if any(not o.strip() for o in outputs):
+        raise ValueError(f"{where}: an empty expected output tests nothing (a program that prints nothing "
+                         "would pass it)")
     tests = [{"stdin": i, "stdout": o} for i, o in zip(inputs, outputs)]
-    tests += [{"assert": a} for a in asserts]
+    tests += [sandbox.parse_assert(a, f"{where}: asserts[{k}]") for k, a in enumerate(asserts)]
     if not tests:
         raise ValueError(f"{where} has no tests: give 'inputs'/'outputs' and/or 'asserts'")
     return tests

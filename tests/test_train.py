@@ -579,7 +579,7 @@ def test_prime_rl_data_schema_mixes_math_and_code_rows():
     assert all(s.reward < 1.0 for s in wrong)
 
 
-def test_a_mixed_math_and_code_file_trains_and_logs_the_reward_per_ability(cache_dir, tmp_path):
+def test_a_mixed_math_and_code_file_trains_and_logs_the_reward_per_ability(cache_dir, tmp_path, capsys):
     run_dir = train.main(["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--out-dir", str(tmp_path),
                           "--run-name", "mixed", "--steps", "2", "--prompts-per-step", "8", "--data", str(EURUS),
                           "--max-prompt-len", "160", "--filter-low", "0", "--filter-high", "1"])
@@ -588,3 +588,5 @@ def test_a_mixed_math_and_code_file_trains_and_logs_the_reward_per_ability(cache
     for m in metrics:  # every step draws both kinds here (8 prompts of 8 rows)
         assert m["reward_math"] is not None and m["reward_code"] is not None
         assert m["reward"] == pytest.approx((m["reward_math"] + m["reward_code"]) / 2)  # 4 rows of each
+    import sandbox  # the policy's programs ran: the run said in which sandbox, at start-up
+    assert sandbox.announce() in capsys.readouterr().out

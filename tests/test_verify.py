@@ -487,9 +487,10 @@ def test_assert_tests():
     reference = {"asserts": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0",
                              "assert add(2, 2) == 5"]}
     score = score_code(program, reference)
-    assert score.reward == pytest.approx(2 / 3) and "test 2: exit code 1" in score.reason
+    # the assert is checked outside the sandbox on the value add(2, 2) returned: a wrong output
+    assert score.reward == pytest.approx(2 / 3) and "test 2: wrong output" in score.reason
     # Exiting early with status 0 must not pass the asserts that never ran, and a failing exit
-    # status fails the test even after the token was printed.
+    # status fails the test even after the harness printed its values.
     assert score_code("import sys\nsys.exit(0)", reference).reward == 0.0
     exit_3_at_the_end = program + "\nimport atexit, os\natexit.register(os._exit, 3)"
     assert score_code(exit_3_at_the_end, reference).reward == 0.0
@@ -572,10 +573,11 @@ def _sandbox_leftovers() -> list[str]:
             continue
         try:
             cwd = os.readlink(entry / "cwd")
-        except OSError:
+            uid = int((entry / "status").read_text().split("\nUid:")[1].split()[0])
+        except (OSError, IndexError, ValueError):
             continue
-        if MINE in cwd:
-            found.append(f"pid {entry.name} in {cwd}")
+        if MINE in cwd or sandbox.SANDBOX_UID_BASE <= uid < sandbox.SANDBOX_UID_BASE + (1 << 22):
+            found.append(f"pid {entry.name} (uid {uid}) in {cwd}")  # a test's own user: a sandboxed program
     found += [str(p) for p in Path(tempfile.gettempdir()).glob(f"{MINE}*/verify-sandbox-*")]
     return found
 
