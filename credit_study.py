@@ -6,6 +6,8 @@ step checker (a perfect process signal) vs the implicit PRM, under several advan
     python credit_study.py --settings sparse --arms outcome-nf step-nf    # a part of it
     python credit_study.py --settings sparser --arms outcome-nf step-nf-gamma --tag gamma   # its own plot
     python credit_study.py --report-only                                  # tables and plots from finished runs
+    python credit_study.py --gradients runs/grad/prime-50                 # policy-gradient statistics per construction
+    python credit_study.py --paired-from-json                             # paired verdicts of the recorded runs
 
 Research code beside the papers' comparisons (reproduce.py, whose runner it uses): each arm is a
 plain `python train.py` run in runs/repro/credit-<setting>-<arm>-s<seed>/. The per-seed numbers go
@@ -24,7 +26,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 from safetensors.torch import load_file  # noqa: E402
 
+import ddp  # noqa: E402
+import microbatch  # noqa: E402
+import models as run_models  # noqa: E402
+import runlog  # noqa: E402
+import step_prm  # noqa: E402
 import toy_task  # noqa: E402
+import torch  # noqa: E402
+import train  # noqa: E402
+from rollout import HFRollout  # noqa: E402
 from reproduce import (ARMS, CLAIM_T, REPO, build_sft, fmt, load_finished, merge_json, paired,  # noqa: E402
                        paired_text, parse_study_args, run_all, same_parser, save_figure, series, steps_to_reach,
                        train_config)
@@ -79,6 +89,18 @@ CREDIT_ARMS = {
                              checker="step-nf-gamma"),
     # The implicit PRM under the construction that helped the checker most (gamma 0.9, sparser setting)
     "implicit-nf-mixed-gamma": dict(flags=[*MIXED, "--gamma", "0.9"], baseline="outcome-nf", checker="step-nf-gamma"),
+    # Issue 29's E1, local credit: Eq. 5's form with the process return discounted (gamma_p < 1) and
+    # the outcome not (gamma_o = 1). At gamma_p = 1 the implicit reward telescopes into a learned copy
+    # of the outcome minus a prefix value (a baseline); discounted, a slip's penalty stays near the
+    # slip. Outcome-only RLOO is the same run in either form (no process return to discount).
+    "implicit-e1": dict(flags=["--rloo-form", "paper", "--process-gamma", "0.5"], baseline="outcome",
+                        checker="step-e1"),
+    "implicit-e1-0.9": dict(flags=["--rloo-form", "paper", "--process-gamma", "0.9"], baseline="outcome",
+                            checker="step-e1-0.9"),
+    "step-e1": dict(flags=["--process", "step", "--rloo-form", "paper", "--process-gamma", "0.5"],
+                    baseline="outcome", checker="step-e1"),
+    "step-e1-0.9": dict(flags=["--process", "step", "--rloo-form", "paper", "--process-gamma", "0.9"],
+                        baseline="outcome", checker="step-e1-0.9"),
     "outcome-nf-lr1e-4": dict(flags=["--process", "none", *NO_FILTER, "--policy-lr", "1e-4"],
                               baseline="outcome-nf-lr1e-4", checker="step-nf-lr1e-4"),
     "step-nf-lr1e-4": dict(flags=["--process", "step", *NO_FILTER, "--policy-lr", "1e-4"],
@@ -114,6 +136,10 @@ CREDIT_LABELS = {
     "outcome-lr1e-4": "outcome-only RLOO, lr 1e-4", "step-lr1e-4": "RLOO + step checker, lr 1e-4",
     "implicit-lr1e-4": "PRIME, lr 1e-4", "outcome-tiny": "outcome-only RLOO, 8 prompts a step",
     "outcome-tiny-lr1e-4": "outcome-only RLOO, 8 prompts a step, lr 1e-4",
+    "implicit-e1": "PRIME, Eq. 5 form, process gamma 0.5, outcome undiscounted",
+    "implicit-e1-0.9": "PRIME, Eq. 5 form, process gamma 0.9, outcome undiscounted",
+    "step-e1": "RLOO + step checker, Eq. 5 form, process gamma 0.5",
+    "step-e1-0.9": "RLOO + step checker, Eq. 5 form, process gamma 0.9",
 }
 # What `python credit_study.py` runs in each setting (3 seeds each); the rest of CREDIT_ARMS are
 # there to be run with --arms. The dense settings get the three process sources with PRIME's filter;
@@ -365,6 +391,104 @@ def credit_main(args) -> None:
     merge_json(figures / "credit.json", results)
 
 
+# Issue 29's mechanism test: the advantages the policy would receive from each construction, turned
+# into policy gradients on the SAME rollouts, batch after batch, at a fixed checkpoint.
+CONSTRUCTIONS = {
+    "outcome": ["--process", "none"],                                     # outcome-only RLOO
+    "implicit": [],                                                       # PRIME, gamma 1 (telescopes)
+    "implicit-e1": ["--rloo-form", "paper", "--process-gamma", "0.5"],    # PRIME, E1's local credit
+    "step": ["--process", "step"],                                        # the exact checker, gamma 1
+    "step-e1": ["--process", "step", "--rloo-form", "paper", "--process-gamma", "0.5"],
+}
+
+
+def policy_gradients(run_dir: Path | None, batches: int, seed: int = 0) -> tuple[dict, int]:
+    """({construction: (batches, parameters) float32 gradients of Eq. 6 at rho = 1}, checkpoint step).
+
+    The policy and the PRM are the run's final ones (run_dir/checkpoint; None: the SFT start, where
+    the PRM equals the reference and the implicit rewards are 0). Each batch: fresh prompts, K
+    responses each from the policy, verified, PRIME's filter; then, for every construction, the
+    advantages train.py would compute (process_signal with the PRM frozen, process_rewards,
+    advantages: whitened) and the gradient of the token-mean loss -A_t log pi(y_t) on those rows."""
+    d = ddp.Dist()
+    config = json.loads((run_dir / "config.json").read_text()) if run_dir else {}
+    flags = [] if not run_dir else ["--toy-ops", config["toy_ops"], "--toy-slip", str(config["toy_slip"]),
+                                    "--max-response-len", str(config["max_response_len"])]
+    base = train_config([*flags, "--no-prm-online", "--seed", str(seed)])
+    models = run_models.build_models(base, d)
+    step = 0
+    if run_dir:
+        step = runlog.load_checkpoint(run_dir, models, d)
+    models.step_scorer = step_prm.load_step_scorer("toy", d.device, base.step_separator)
+    tokenizer, policy = models.tokenizer, models.policy
+    sampler = HFRollout(policy, tokenizer, base.max_response_len, base.temperature, base.top_p)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    grads = {name: [] for name in CONSTRUCTIONS}
+    torch.manual_seed(seed)
+    for k in range(batches):
+        tasks = train.step_prompts(base, [], tokenizer, 1_000_000 + k, d)  # prompts no run trained on
+        ro = sampler.generate([t.prompt_ids for t in tasks], n=base.n_samples)
+        texts, scores, outcome = train.verify_rollouts(sampler, ro, tasks, base)
+        b, kept = train.kept_batch(ro, outcome, texts, tasks, base, d)
+        if not kept:
+            continue
+        logp_ref = microbatch.logprobs_no_grad(models.reference, b.ro, base)
+        formats = torch.tensor([scores[i].format for i in b.rows.tolist()], dtype=torch.float32)
+        logp = microbatch.response_logprobs(policy, b.ro, base.temperature)
+        for name, extra in CONSTRUCTIONS.items():
+            frozen = [] if "--process" in extra else ["--no-prm-online"]  # the PRM is read, never updated
+            args = train_config([*flags, *frozen, *extra])
+            signal, _, step_ids, _ = train.process_signal(args, models, b, None, logp_ref, d)
+            process = train.process_rewards(args, signal, step_ids, b.mask)
+            adv, *_ = train.advantages(args, models, b, process, signal, step_ids, formats)
+            loss = -(adv * logp * b.mask).sum() / b.mask.sum()  # Eq. 6 at rho = 1
+            grads[name].append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params,
+                                                                                       retain_graph=True)]))
+    return {name: torch.stack(g).numpy() for name, g in grads.items()}, step
+
+
+def gradient_report(grads: dict) -> dict:
+    """The statistics issue 29 asks for, from (batches, parameters) gradients per construction.
+    Directions are judged on held-out halves: a batch's gradient against a mean over the OTHER half
+    of the batches (its own batch in the mean would inflate the cosine)."""
+    def cos(a, b):
+        return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
+
+    n = len(next(iter(grads.values())))
+    halves = (np.arange(n) % 2 == 0, np.arange(n) % 2 == 1)
+    means = {c: g.mean(0) for c, g in grads.items()}
+    out = {"batches": n, "per_construction": {}, "cosine_of_means": {}}
+    for c, g in grads.items():
+        to_outcome, to_own = [], []
+        for this, other in (halves, halves[::-1]):
+            ref_outcome, ref_own = grads["outcome"][other].mean(0), g[other].mean(0)
+            to_outcome += [cos(x, ref_outcome) for x in g[this]]
+            to_own += [cos(x, ref_own) for x in g[this]]
+        noise = float(np.mean(np.sum((g - means[c]) ** 2, axis=1)))
+        out["per_construction"][c] = {
+            "cosine_to_outcome_mean": float(np.mean(to_outcome)), "cosine_to_outcome_mean_se":
+            float(np.std(to_outcome, ddof=1) / np.sqrt(n)), "cosine_to_own_mean": float(np.mean(to_own)),
+            "mean_norm": float(np.linalg.norm(means[c])), "batch_norm": float(np.mean(np.linalg.norm(g, axis=1))),
+            # one batch's signal-to-noise: |E g|^2 over E|g - E g|^2
+            "snr": float(np.sum(means[c] ** 2) / noise) if noise else float("inf")}
+        out["cosine_of_means"][c] = {o: cos(means[c], means[o]) for o in grads}
+    return out
+
+
+def paired_from_json(recorded: dict) -> str:
+    """Every recorded arm against its outcome-only baseline, paired by seed, from credit.json alone:
+    the verdicts the study's text may state (reproduce.paired: a claim needs CLAIM_SEEDS seeds)."""
+    lines = ["| setting | arm | seeds | end sampled - baseline's, paired |", "| --- | --- | --- | --- |"]
+    for setting, stats in recorded.items():
+        for arm, st in stats.items():
+            base = CREDIT_ARMS[arm]["baseline"]
+            if arm == base or base not in stats:
+                continue
+            p = paired(per_seed(st), per_seed(stats[base]))
+            lines.append(f"| {setting} | {CREDIT_LABELS[arm]} | {len(p['seeds'])} | {paired_text(p)} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = same_parser(__doc__)
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS),
@@ -373,7 +497,52 @@ def main(argv=None):
                         help="run these arms in every chosen setting (default: CREDIT's arms per setting)")
     parser.add_argument("--tag", default="", help="name the plots credit-<setting>-<tag>.png, so that a plot of a "
                         "few --arms does not replace the setting's plot of all of them")
-    credit_main(parse_study_args(parser, argv))
+    parser.add_argument("--gradients", nargs="*", metavar="RUN_DIR",
+                        help="instead of training: the policy-gradient statistics of every advantage construction "
+                             "at the SFT start and at each given run's final checkpoint (issue 29's mechanism test)")
+    parser.add_argument("--gradient-batches", type=int, default=40, help="--gradients: batches per checkpoint")
+    parser.add_argument("--paired-from-json", action="store_true",
+                        help="print every recorded arm's paired difference from its baseline (--figures/credit.json)")
+    args = parse_study_args(parser, argv)
+    if args.paired_from_json:
+        print(paired_from_json(json.loads((Path(args.figures) / "credit.json").read_text())))
+    elif args.gradients is not None:
+        gradients_main(args)
+    else:
+        credit_main(args)
+
+
+def gradients_main(args) -> None:
+    """`python credit_study.py --gradients [RUN_DIR ...]`: the table, gradients.json and gradients.png."""
+    results = {}
+    for run_dir in [None, *map(Path, args.gradients)]:
+        grads, step = policy_gradients(run_dir, args.gradient_batches)
+        name = f"{run_dir.name} step {step}" if run_dir else "SFT start"
+        results[name] = gradient_report(grads)
+        print(f"\n## {name}: {results[name]['batches']} batches\n")
+        print("| construction | cosine to outcome-only's mean (held-out half) | cosine to its own mean | "
+              "one batch's SNR | mean gradient norm / one batch's |")
+        print("| --- | --- | --- | --- | --- |")
+        for c, r in results[name]["per_construction"].items():
+            print(f"| {c} | {r['cosine_to_outcome_mean']:.3f} +- {r['cosine_to_outcome_mean_se']:.3f} | "
+                  f"{r['cosine_to_own_mean']:.3f} | {r['snr']:.3f} | {r['mean_norm']:.3g} / {r['batch_norm']:.3g} |")
+        print("cosine between the means: " + "; ".join(
+            f"{c}/{o} {v:.2f}" for c, row in results[name]["cosine_of_means"].items() for o, v in row.items() if c < o))
+    figures = Path(args.figures)
+    merge_json(figures / "gradients.json", results)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, (name, r) in enumerate(results.items()):
+        cs = list(r["per_construction"])
+        x = np.arange(len(cs)) + 0.8 * i / len(results) - 0.3
+        axes[0].bar(x, [r["per_construction"][c]["cosine_to_outcome_mean"] for c in cs], 0.8 / len(results),
+                    yerr=[r["per_construction"][c]["cosine_to_outcome_mean_se"] for c in cs], label=name)
+        axes[1].bar(x, [r["per_construction"][c]["snr"] for c in cs], 0.8 / len(results), label=name)
+    for ax, title in zip(axes, ("one batch's gradient: cosine to outcome-only's mean (other half)",
+                                "one batch's signal-to-noise |E g|^2 / E|g - E g|^2")):
+        ax.set_xticks(range(len(CONSTRUCTIONS)), list(CONSTRUCTIONS), fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=8)
+    print(f"\n{save_figure(fig, figures, 'gradients')}")
 
 
 if __name__ == "__main__":

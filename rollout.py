@@ -57,6 +57,22 @@ class Rollout:
                        cut(self.response_ids), cut(self.response_mask), self.truncated, cut(self.sampler_logprobs))
 
 
+def concat_rollouts(rollouts: list[Rollout], pad_id: int) -> Rollout:
+    """Rollouts of the same policy one after another (a refilled step): prompts re-padded on the
+    left and responses on the right to the widest of each, so the token layout above still holds."""
+    P = max(r.prompt_ids.shape[1] for r in rollouts)
+    R = max(r.response_ids.shape[1] for r in rollouts)
+    left = lambda x, value: torch.nn.functional.pad(x, (P - x.shape[1], 0), value=value)  # noqa: E731
+    right = lambda x, value: torch.nn.functional.pad(x, (0, R - x.shape[1]), value=value)  # noqa: E731
+    logps = [r.sampler_logprobs for r in rollouts]
+    return Rollout(torch.cat([left(r.prompt_ids, pad_id) for r in rollouts]),
+                   torch.cat([left(r.prompt_mask, 0) for r in rollouts]),
+                   torch.cat([right(r.response_ids, pad_id) for r in rollouts]),
+                   torch.cat([right(r.response_mask, 0) for r in rollouts]),
+                   torch.cat([r.truncated for r in rollouts]),
+                   None if any(x is None for x in logps) else torch.cat([right(x, 0.0) for x in logps]))
+
+
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-id lists -> (ids, mask), both (B, max_len), padded on the left."""
     width = max(len(s) for s in sequences)

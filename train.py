@@ -61,24 +61,29 @@ from ddp import Dist, all_reduce, barrier, check_shared_storage, print0, setup_d
 from microbatch import (MicroBatch, critic_values, logprobs_no_grad, plan_update, response_logprobs, run_update,
                         values_no_grad)
 from models import Models, build_models, make_sampler, memory_line
-from rollout import Rollout
+from rollout import Rollout, concat_rollouts
 
 # ---------------------------------------------------------------------------------------------------
 # Steps 1-3: sample, verify, filter
 # ---------------------------------------------------------------------------------------------------
 
 
-def step_prompts(args: Args, train_tasks: list[Task], tokenizer, step: int, d: Dist) -> list[Task]:
-    """This rank's prompts for iteration `step`: a deterministic function of (seed, step), so a
-    resumed run continues with exactly the prompts it would have seen. Rank r takes every
-    world-th prompt of the global list; whole groups stay on one rank."""
+def step_prompts(args: Args, train_tasks: list[Task], tokenizer, step: int, d: Dist, draw: int = 0) -> list[Task]:
+    """This rank's prompts for iteration `step` (and its `draw`-th refill, --filter-mode refill): a
+    deterministic function of (seed, step, draw), so a resumed run continues with exactly the prompts
+    it would have seen. Rank r takes every world-th prompt of the global list; whole groups stay on
+    one rank."""
     if args.prompts_per_step % d.world:
         raise SystemExit(f"--prompts-per-step {args.prompts_per_step} is not divisible by the "
                          f"world size {d.world}")
     if not args.data:
-        problems = toy_task.make_problems(args.prompts_per_step, args.seed * 1_000_003 + step,
-                                          *toy_task.parse_ops(args.toy_ops))
+        seed = args.seed * 1_000_003 + step if not draw else f"{args.seed}/{step}/{draw}"
+        problems = toy_task.make_problems(args.prompts_per_step, seed, *toy_task.parse_ops(args.toy_ops))
         tasks = [Task(tokenizer(p.prompt)["input_ids"], p.answer, "math", p.prompt) for p in problems]
+    elif draw:  # a refill: fresh rows of the file, drawn for (seed, step, draw)
+        rows = random.Random(f"{args.seed}/{step}/{draw}").sample(range(len(train_tasks)),
+                                                                    min(args.prompts_per_step, len(train_tasks)))
+        tasks = [train_tasks[i] for i in rows]
     else:
         epoch, offset = divmod(step * args.prompts_per_step, len(train_tasks))
         order = list(range(len(train_tasks)))
@@ -97,12 +102,13 @@ def verify_rollouts(sampler, ro: Rollout, tasks: list[Task], args: Args):
     return texts, scores, torch.tensor([s.reward for s in scores], dtype=torch.float32)
 
 
-def filter_groups(outcome, ro: Rollout, args: Args):
+def filter_groups(outcome, ro: Rollout, args: Args, cap: int | None = None):
     """Sec. 3.4's online filter: (rows to train on, kept groups, rows that carry gradient, rows the
     implicit PRM learns from).
 
     Keeps whole groups with low <= mean accuracy <= high (and, with --filter-truncated, none of its
-    responses cut at max_response_len). When nothing is kept, the first group stays as a placeholder
+    responses cut at max_response_len), the first `cap` of them in sampling order if given (a refilled
+    step: the surplus is dropped). When nothing is kept, the first group stays as a placeholder
     (with zero rows of gradient) so that this rank can still run zero-weight passes under DDP.
     With --prm-groups mixed the kept groups are reordered, mixed ones (some right, some wrong) first,
     and the PRM learns from those rows only: a group whose labels are all equal teaches it no
@@ -110,7 +116,7 @@ def filter_groups(outcome, ro: Rollout, args: Args):
     keep = prime.keep_groups(outcome, args.n_samples, args.filter_low, args.filter_high)
     if args.filter_truncated:
         keep &= ~ro.truncated.view(-1, args.n_samples).any(-1)
-    groups = keep.nonzero().squeeze(-1)
+    groups = keep.nonzero().squeeze(-1)[:cap]
     n_prm_groups = len(groups)
     if args.prm_groups == "mixed":
         mixed = mixed_groups(outcome, args.n_samples)[groups]
@@ -121,6 +127,25 @@ def filter_groups(outcome, ro: Rollout, args: Args):
     if n_kept_groups == 0:
         rows = torch.arange(args.n_samples)
     return rows, n_kept_groups, n_train, n_prm_groups * args.n_samples
+
+
+def refill(args: Args, sampler, train_tasks: list[Task], tokenizer, step: int, d: Dist, sampled: tuple, times: dict):
+    """--filter-mode refill, as the official code fills its batch: while the filter keeps fewer than
+    this rank's share of --prompts-per-step groups, sample and verify that many fresh prompts more,
+    at most --refill-draws times. `sampled` = (tasks, rollout, texts, scores, outcome) of the step so
+    far; returns the same for every group sampled, in order, and the number of extra draws."""
+    tasks, ro, texts, scores, outcome = sampled
+    draws = 0
+    while draws < args.refill_draws and filter_groups(outcome, ro, args)[1] < args.prompts_per_step // d.world:
+        draws += 1
+        with timed(times, "rollout"):
+            more = step_prompts(args, train_tasks, tokenizer, step, d, draw=draws)
+            more_ro = sampler.generate([task.prompt_ids for task in more], n=args.n_samples)
+        with timed(times, "verify"):
+            more_texts, more_scores, more_outcome = verify_rollouts(sampler, more_ro, more, args)
+        tasks, ro, texts = tasks + more, concat_rollouts([ro, more_ro], tokenizer.pad_token_id), texts + more_texts
+        scores, outcome = scores + more_scores, torch.cat([outcome, more_outcome])
+    return tasks, ro, texts, scores, outcome, draws
 
 
 def mixed_groups(outcome, n_samples: int) -> torch.Tensor:
@@ -143,8 +168,10 @@ class Batch:
 
 
 def kept_batch(ro: Rollout, outcome, texts: list[str], tasks: list[Task], args: Args, d: Dist):
-    """(Batch of the groups filter_groups keeps, number of kept groups)."""
-    rows, n_kept_groups, n_train, n_prm = filter_groups(outcome, ro, args)
+    """(Batch of the groups filter_groups keeps, number of kept groups); a refilled step keeps this
+    rank's share of --prompts-per-step at most."""
+    cap = args.prompts_per_step // d.world if args.filter_mode == "refill" else None
+    rows, n_kept_groups, n_train, n_prm = filter_groups(outcome, ro, args, cap)
     batch = ro.select(rows)
     return Batch(batch, outcome[rows].to(d.device), batch.response_mask.to(d.device).float(), rows,
                  [texts[i] for i in rows.tolist()], [tasks[i // args.n_samples].text for i in rows.tolist()],
@@ -397,6 +424,7 @@ def step_metrics(args: Args, step: int, sums: dict, kept_per_rank: list, losses:
         "step": step + 1,
         "reward": sums["reward"] / n,
         "kept_groups": int(sums["kept_groups"]), "prompts": int(sums["prompts"]),
+        "refill_draws": int(sums["refill_draws"]),  # --filter-mode refill: extra draws, all ranks
         "kept_groups_per_rank": [int(k) for k in kept_per_rank],
         "response_length": sums["tokens"] / n,
         "truncated_fraction": sums["truncated"] / n,
@@ -521,6 +549,10 @@ def main(argv=None):
             texts, scores, outcome = verify_rollouts(sampler, ro, tasks, args)
 
         # 3. Online prompt filter: keep groups with low <= mean accuracy <= high (line 6) ----------
+        draws = 0
+        if args.filter_mode == "refill":  # the official code: fresh prompts until the batch is full
+            tasks, ro, texts, scores, outcome, draws = refill(args, sampler, train_tasks, tokenizer, step, d,
+                                                              (tasks, ro, texts, scores, outcome), times)
         b, n_kept_groups = kept_batch(ro, outcome, texts, tasks, args, d)
         with timed(times, "policy"):  # old and reference log-probs, recomputed by the training models
             logp_old = logprobs_no_grad(unwrap(models.policy), b.ro, args, args.temperature) \
@@ -548,6 +580,7 @@ def main(argv=None):
         # 7. Log and checkpoint -----------------------------------------------------------------------
         prm_accuracy, prm_groups = pairwise_accuracy_sum(sequence_score, b.outcome, b.n_train, args)
         sums = all_reduce({**step_counts(args, tasks, ro, scores, outcome, kinds), "kept_groups": n_kept_groups,
+                           "refill_draws": draws,
                            "prm_accuracy": prm_accuracy, "prm_groups": prm_groups, "localized": localized,
                            "wrong": n_wrong}, d)
         kept_per_rank = all_reduce([n_kept_groups if r == d.rank else 0 for r in range(d.world)], d)

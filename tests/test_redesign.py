@@ -18,6 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE_COMMIT = "8cf20fb"  # train.py as one 1490-line file, just before the redesign
+NEW_METRICS = {"refill_draws"}  # --filter-mode refill (issue 29): 0 here
 FLAGS = ["--steps", "2", "--seed", "3", "--prompts-per-step", "8", "--eval-problems", "8", "--eval-every", "1",
          "--save-every", "1", "--policy-lr", "3e-5", "--micro-batch-size", "64"]  # rows, not the later token budget
 
@@ -35,12 +36,16 @@ def reference_tree(tmp_path: Path) -> Path:
     return tree
 
 
-def run(tree: Path, out: Path, flags: list[str]) -> dict:
+def start(tree: Path, out: Path, flags: list[str]) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "train.py", *FLAGS, *flags, "--out-dir", str(out), "--cache-dir", str(out / "cache"),
            "--run-name", "r"]
-    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    return subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def result(proc: subprocess.Popen, out: Path) -> dict:
+    _, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr[-3000:]
     run_dir = out / "r"
     metrics = [{k: v for k, v in json.loads(l).items() if k != "time"}
                for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -51,7 +56,12 @@ def run(tree: Path, out: Path, flags: list[str]) -> dict:
 
 @pytest.mark.parametrize("flags", [[], ["--estimator", "pass", "--process", "step"]], ids=["prime", "pass-step"])
 def test_the_redesign_gives_the_same_run_as_the_code_before_it(flags, tmp_path):
-    before = run(reference_tree(tmp_path), tmp_path / "before-runs", flags)
-    after = run(REPO, tmp_path / "after-runs", flags)
+    procs = [start(reference_tree(tmp_path), tmp_path / "before-runs", flags),  # both at once, one thread each
+             start(REPO, tmp_path / "after-runs", flags)]
+    before, after = result(procs[0], tmp_path / "before-runs"), result(procs[1], tmp_path / "after-runs")
     assert len(after["metrics"]) == 2 and after["metrics"][0]["reward"] > 0
+    for b, a in zip(before["metrics"], after["metrics"]):  # metrics added since are logged, not compared
+        assert set(a) - set(b) == NEW_METRICS
+        for key in NEW_METRICS:
+            del a[key]
     assert after == before

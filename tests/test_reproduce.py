@@ -33,7 +33,7 @@ def test_every_arm_is_in_a_comparison_and_has_a_label():
 
 def test_one_comparison_end_to_end(cache_dir, tmp_path):
     cmd = [sys.executable, str(REPO / "reproduce.py"), "prime-vs-rloo", "--seeds", "1", "--steps", "3",
-           "--jobs", "1", "--out", str(tmp_path / "runs"), "--cache-dir", str(cache_dir),
+           "--jobs", "2", "--out", str(tmp_path / "runs"), "--cache-dir", str(cache_dir),
            "--figures", str(tmp_path / "fig"), "--window", "2",
            "--sft-steps", str(SFT_STEPS), "--prompts-per-step", "8", "--eval-problems", "8", "--eval-every", "0"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
@@ -222,3 +222,43 @@ def test_a_baseline_and_checker_recorded_by_an_earlier_report_stand_in_for_their
     assert alone.splitlines()[2] == full  # the same row from the recorded numbers as from the runs
     bare, _ = credit_study.credit_report("sparser", ["step-nf-gamma"], {"step-nf-gamma": runs["step-nf-gamma"]}, window=2)
     assert "| n/a | n/a | n/a |" in bare.splitlines()[2]  # nothing to compare with: said, not guessed
+
+
+def test_gradient_report_by_hand():
+    """Two constructions, four batches in 2-D. outcome: (1, 0), (1, 0), (1, 2), (1, -2): mean (1, 0);
+    a batch against the other half's mean: (1, 0) vs (1, 0) -> 1, (1, +-2) vs (1, 0) -> 1/sqrt(5).
+    copy: the same gradients x 3 (a scaled copy: the same directions, the same SNR)."""
+    outcome = np.array([[1.0, 0.0], [1.0, 2.0], [1.0, 0.0], [1.0, -2.0]])
+    got = credit_study.gradient_report({"outcome": outcome, "copy": 3 * outcome})
+    # halves: batches 0, 2 = (1, 0), (1, 0) -> mean (1, 0); batches 1, 3 = (1, 2), (1, -2) -> mean (1, 0)
+    expected = (2 * 1.0 + 2 / math.sqrt(5)) / 4
+    for c in ("outcome", "copy"):
+        r = got["per_construction"][c]
+        assert r["cosine_to_outcome_mean"] == pytest.approx(expected)
+        assert r["cosine_to_own_mean"] == pytest.approx(expected)
+        # |mean|^2 = 1 (x 9 for copy); noise: E|g - mean|^2 = (0 + 4 + 0 + 4) / 4 = 2 (x 9): SNR 1/2
+        assert r["snr"] == pytest.approx(0.5)
+    assert got["per_construction"]["copy"]["mean_norm"] == pytest.approx(3.0)
+    assert got["cosine_of_means"]["outcome"]["copy"] == pytest.approx(1.0) and got["batches"] == 4
+
+
+def test_policy_gradients_at_the_start_the_implicit_prm_adds_nothing(cache_dir):
+    """At the SFT start the PRM is the reference: implicit rewards are 0 and PRIME's gradient is
+    outcome-only's on the same rollouts; the checker's is not."""
+    grads, step = credit_study.policy_gradients(None, batches=2)
+    assert step == 0 and set(grads) == set(credit_study.CONSTRUCTIONS)
+    assert grads["outcome"].shape[0] == 2 and np.abs(grads["outcome"]).max() > 0
+    assert np.allclose(grads["implicit"], grads["outcome"], atol=1e-7)
+    assert np.allclose(grads["implicit-e1"], grads["outcome"], atol=1e-7)
+    assert not np.allclose(grads["step"], grads["outcome"], atol=1e-4)
+
+
+def test_paired_from_json_reads_every_arm_against_its_baseline():
+    recorded = {"sparse": {"outcome-nf": {"seeds": [1, 2], "end_sampled": [0.10, 0.20]},
+                           "step-nf": {"seeds": [1, 2], "end_sampled": [0.15, 0.27]},
+                           "implicit-nf-mixed": {"seeds": [2], "end_sampled": [0.19]}}}
+    text = credit_study.paired_from_json(recorded)
+    # step-nf: differences 0.05 and 0.07, mean 0.06, sd 0.01414, t = 0.06 / 0.01 = 6.0
+    assert "| sparse | RLOO + step checker, no filter | 2 | +0.060 (t 6.0, 2/2 up; too few seeds) |" in text
+    assert "| sparse | PRIME, no filter, PRM on mixed groups | 1 | -0.010 (one seed) |" in text
+    assert "outcome-only" not in text  # the baseline itself has no row

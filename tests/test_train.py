@@ -27,13 +27,26 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_train(args, cache_dir, out_dir, timeout=600, torchrun=0):
+    return finish(start_train(args, cache_dir, out_dir, torchrun), timeout)
+
+
+def start_train(args, cache_dir, out_dir, torchrun=0) -> subprocess.Popen:
+    """train.py (under torchrun with `torchrun` ranks) in the background, one thread a process: two
+    such runs at a time share 2 cores without oversubscribing them, so the tests start their runs
+    together where they can. Every run a test compares with another has the same thread count."""
     cmd = [sys.executable, str(REPO / "train.py")]
     if torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={torchrun}",
                "--master_port", "29533", str(REPO / "train.py")]
     cmd += ["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--out-dir", str(out_dir),
             "--eval-problems", "16", "--prompts-per-step", "8", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def finish(proc: subprocess.Popen, timeout=600) -> subprocess.CompletedProcess:
+    stdout, stderr = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def metrics_of(run_dir):
@@ -103,17 +116,12 @@ def test_recomputed_old_logprobs_equal_the_samplers_on_left_padded_prompts(cache
     assert ro.sampler_logprobs[mask].min() < -0.1  # some sampled tokens were not near-certain
 
 
-@pytest.mark.parametrize("extra", [[], ["--estimator", "ppo"]], ids=["prime", "ppo-critic"])
-def test_kill_and_resume_gives_the_same_metrics(extra, cache_dir, tmp_path):
-    """PRIME, and PPO + PRIME (the critic and its optimiser are checkpointed too)."""
-    args = ["--steps", "4", "--save-every", "2", *extra]
-    full = run_train(args + ["--run-name", "full"], cache_dir, tmp_path)
-    assert full.returncode == 0, full.stderr[-3000:]
-
-    cmd = [sys.executable, str(REPO / "train.py"), "--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS),
-           "--out-dir", str(tmp_path), "--eval-problems", "16", "--prompts-per-step", "8",
-           "--run-name", "killed", *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def test_kill_and_resume_gives_the_same_metrics(cache_dir, tmp_path):
+    """PPO + PRIME: the policy, the implicit PRM, the critic, their optimisers and every RNG stream are
+    checkpointed (PRIME's default RLOO saves the same minus the critic; one run covers both)."""
+    args = ["--steps", "4", "--save-every", "2", "--estimator", "ppo"]
+    full = start_train(args + ["--run-name", "full"], cache_dir, tmp_path)  # beside the run we kill
+    proc = start_train(args + ["--run-name", "killed"], cache_dir, tmp_path)
     state = tmp_path / "killed" / "checkpoint" / "state.pt"
     deadline = time.time() + 600
     while not state.exists() and proc.poll() is None and time.time() < deadline:
@@ -121,6 +129,8 @@ def test_kill_and_resume_gives_the_same_metrics(extra, cache_dir, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert state.exists(), "the run never wrote its step-2 checkpoint"
+    full = finish(full)
+    assert full.returncode == 0, full.stderr[-3000:]
     resumed = run_train(args + ["--run-name", "killed", "--resume"], cache_dir, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed" in resumed.stdout
@@ -305,6 +315,8 @@ TEACHER = ["--teacher-sft-steps", str(toy_task.TEACHER_SFT_STEPS)]
     ["--estimator", "ppo"], ["--estimator", "ppo", "--process", "none", "--gae-lambda", "0.95", "--value-clip", "0"],
     ["--max-tokens-per-micro-batch", "200", "--prm-loss", "dpo", "--estimator", "ppo", "--mini-batches", "2"],
     ["--loss-mean", "micro", "--micro-batch-size", "5"],
+    ["--filter-mode", "refill", "--filter-low", "0.2", "--filter-high", "0.8"],
+    ["--rloo-form", "paper", "--process-gamma", "0.5"], ["--estimator", "grpo", "--gamma", "0.9", "--outcome-gamma", "1"],
 ], ids=lambda f: " ".join(f))
 def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
     """Each option the paper studies, one real step in-process (the verifier pool is shared)."""
@@ -319,6 +331,8 @@ def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
         assert episodes and all("first_wrong_step" in e for e in episodes)
     kept = [m for m in metrics if m["kept_groups"] > 0]
     assert kept or "--filter-truncated" in flags
+    if args.filter_mode == "refill":  # a full batch unless the step ran out of draws
+        assert all(m["kept_groups"] == 4 or m["refill_draws"] == args.refill_draws for m in metrics)
     if args.process == "implicit" and args.prm_online:  # the PRM trained whenever the filter kept something
         assert all(m["prm_loss"] > 0 for m in kept if args.prm_groups == "kept" or m["mixed_groups"])
         assert all(m["prm_loss"] == 0 for m in kept if args.prm_groups == "mixed" and not m["mixed_groups"])
@@ -509,6 +523,59 @@ def test_one_update_per_batch_takes_the_old_logprobs_from_its_own_forward(cache_
     assert not needs(["--process", "step", "--step-scorer", "toy"], None)
     assert needs(["--mini-batches", "2"]) and needs(["--reference", "policy"], None)
     assert needs(["--process", "opd"], None) and needs(["--process", "gopd"])
+
+
+def test_concat_rollouts_repads_prompts_left_and_responses_right():
+    from rollout import Rollout, concat_rollouts
+    a = Rollout(torch.tensor([[5, 6]]), torch.tensor([[1, 1]]), torch.tensor([[7, 8, 9]]), torch.tensor([[1, 1, 1]]),
+                torch.tensor([True]))
+    b = Rollout(torch.tensor([[0, 0, 4]]), torch.tensor([[0, 0, 1]]), torch.tensor([[3]]), torch.tensor([[1]]),
+                torch.tensor([False]))
+    got = concat_rollouts([a, b], pad_id=0)
+    assert got.prompt_ids.tolist() == [[0, 5, 6], [0, 0, 4]] and got.prompt_mask.tolist() == [[0, 1, 1], [0, 0, 1]]
+    assert got.response_ids.tolist() == [[7, 8, 9], [3, 0, 0]] and got.response_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert got.truncated.tolist() == [True, False] and got.sampler_logprobs is None
+
+
+def test_refill_keeps_the_groups_a_plain_loop_keeps_until_the_batch_is_full(cache_dir):
+    """--filter-mode refill: draw after draw of fresh prompts until 8 groups pass the filter; the
+    batch is the first 8 kept groups in sampling order, exactly what a plain loop over the same draws
+    keeps, and a capped number of draws trains on what it has."""
+    path = toy_task.sft_checkpoint(cache_dir, SFT_STEPS)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    args = config.parse_args(["--filter-mode", "refill", "--prompts-per-step", "8", "--max-response-len", "96"])
+    sampler, d = HFRollout(model, tokenizer, 96, args.temperature, args.top_p), ddp.Dist()
+
+    def first_draw():
+        torch.manual_seed(11)
+        tasks = train.step_prompts(args, [], tokenizer, 5, d)
+        ro = sampler.generate([t.prompt_ids for t in tasks], n=4)
+        return (tasks, ro, *train.verify_rollouts(sampler, ro, tasks, args))
+
+    tasks, ro, texts, scores, outcome, draws = train.refill(args, sampler, [], tokenizer, 5, d, first_draw(), {})
+    b, kept = train.kept_batch(ro, outcome, texts, tasks, args, d)
+    # the plain loop: the same draws, group by group
+    torch.manual_seed(11)
+    kept_prompts, plain_draws = [], 0
+    for draw in range(args.refill_draws + 1):
+        if len(kept_prompts) >= 8:
+            break
+        plain_draws = draw
+        batch = train.step_prompts(args, [], tokenizer, 5, d, draw=draw)
+        plain_ro = sampler.generate([t.prompt_ids for t in batch], n=4)
+        _, _, rewards = train.verify_rollouts(sampler, plain_ro, batch, args)
+        for g, task in enumerate(batch):
+            if 0.2 <= rewards[4 * g:4 * g + 4].mean() <= 0.8:
+                kept_prompts.append(task.text)
+    assert draws == plain_draws >= 1  # the shipped start keeps about 5 of 8 groups a draw
+    assert kept == min(8, len(kept_prompts)) == 8 and b.n_train == 32
+    assert b.questions[::4] == kept_prompts[:8]
+    assert len(tasks) == 8 * (draws + 1) and ro.response_ids.shape[0] == 32 * (draws + 1)
+    capped = config.parse_args(["--filter-mode", "refill", "--prompts-per-step", "8", "--refill-draws", "0"])
+    *_, none = train.refill(capped, sampler, [], tokenizer, 5, d, first_draw(), {})
+    assert none == 0
 
 
 def test_ppo_critic_warmup_freezes_the_policy_and_the_critic_learns(cache_dir, tmp_path):
