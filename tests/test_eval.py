@@ -9,6 +9,7 @@ No mocks: the real tiny model, the real rollout, the real verifier pool, the rea
 """
 
 import json
+import os
 import math
 import subprocess
 import sys
@@ -46,13 +47,15 @@ def sft(cache):
 def runs(cache, tmp_path_factory):
     """Two short real train.py runs to compare: PRIME (A) and the outcome-only baseline (B)."""
     out = tmp_path_factory.mktemp("runs")
-    for name, steps, extra in (("A", 3, []), ("B", 2, ["--process", "none"])):
-        proc = subprocess.run(
-            [sys.executable, str(REPO / "train.py"), "--steps", str(steps), "--prompts-per-step", "8",
-             "--eval-problems", "16", "--sft-steps", str(SFT_STEPS), "--cache-dir", str(cache),
-             "--out-dir", str(out), "--run-name", name, *extra],
-            capture_output=True, text=True, timeout=900, cwd=REPO)
-        assert proc.returncode == 0, f"train.py run {name} failed:\n{proc.stderr[-3000:]}"
+    procs = {name: subprocess.Popen(  # both at once, one thread each
+        [sys.executable, str(REPO / "train.py"), "--steps", str(steps), "--prompts-per-step", "8",
+         "--eval-problems", "16", "--sft-steps", str(SFT_STEPS), "--cache-dir", str(cache),
+         "--out-dir", str(out), "--run-name", name, *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        for name, steps, extra in (("A", 3, []), ("B", 2, ["--process", "none"]))}
+    for name, proc in procs.items():
+        _, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, f"train.py run {name} failed:\n{stderr[-3000:]}"
     return out / "A", out / "B"
 
 

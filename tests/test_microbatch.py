@@ -361,10 +361,11 @@ def test_train_runs_with_a_token_budget_log_the_same_first_step_losses(cache_dir
     logs the same PRM and policy losses at the first iteration. Two optimizer steps an iteration, so
     that the logged losses are not the trivial ones of the first step (ln 2 for the PRM, ~0 for the
     policy at ratio 1)."""
-    from test_train import metrics_of, run_train
-    for name, flags in (("fixed", ["--micro-batch-size", "3"]), ("budget", ["--max-tokens-per-micro-batch", "160"])):
-        proc = run_train(["--steps", "1", "--run-name", name, "--eval-problems", "4", "--mini-batches", "2", *flags],
+    from test_train import finish, metrics_of, start_train
+    procs = [start_train(["--steps", "1", "--run-name", name, "--eval-problems", "4", "--mini-batches", "2", *flags],
                          cache_dir, tmp_path)
+             for name, flags in (("fixed", ["--micro-batch-size", "3"]), ("budget", ["--max-tokens-per-micro-batch", "160"]))]
+    for proc in map(finish, procs):
         assert proc.returncode == 0, proc.stderr[-3000:]
     fixed, budget = metrics_of(tmp_path / "fixed")[0], metrics_of(tmp_path / "budget")[0]
     assert fixed["kept_groups"] == budget["kept_groups"] > 0
