@@ -35,38 +35,50 @@ CALL = {"fn_name": "f", "inputs": [[1]], "outputs": [[5, 6]]}
 ASSERTS = {"asserts": ["assert f(1) == [5, 6]"]}
 HONEST = "def f(x):\n    return [5 * x, 6 * x]"
 
-# 1. Reward without solving: each of these scores 1 on the code before issue 30, in both modes.
+# 1. Reward without solving: each of these scored 1 on a call-based test before issue 30 (when the
+# expected value and a pass token lived inside the sandbox), in both modes.
+HEX_TOKEN = "lambda c: isinstance(c, str) and len(c) == 16 and all(x in '0123456789abcdef' for x in c)"
 CHEATS = {
     "__eq__ always True": "class A:\n    def __eq__(self, other):\n        return True\n"
                           "    __hash__ = object.__hash__\ndef f(*args):\n    return A()",
     "a list subclass equal to anything": "class L(list):\n    def __eq__(self, other):\n        return True\n"
                                          "def f(*args):\n    return L()",
-    "read the harness's constants and print them": (
-        "import sys\ndef f(*args):\n    code = sys._getframe(1).f_code\n"
-        "    for c in code.co_consts:\n        print(c)\n    import os\n    os._exit(0)"),
-    "read its own file and print every literal": (
-        "import ast, os, sys\ntext = open(sys.argv[0]).read()\n"
-        "for node in ast.walk(ast.parse(text)):\n    if isinstance(node, ast.Constant):\n        print(node.value)\n"
-        "os._exit(0)"),
-    "patch json.loads to return the answer it guesses": (
-        "import json\njson.loads = lambda s: [[5, 6]]\ndef f(*args):\n    return None"),
-    "an __import__ hook": ("import builtins\n_real = builtins.__import__\n"
-                           "def hook(name, *a, **k):\n    m = _real(name, *a, **k)\n    return m\n"
-                           "builtins.__import__ = hook\ndef f(*args):\n    return 0"),
-    "settrace rewriting the harness's locals": (
-        "import sys\ndef tracer(frame, event, arg):\n    if event == 'return' and frame.f_code.co_name.startswith('_sandbox'):\n"
-        "        frame.f_locals.clear()\n    return tracer\nsys.settrace(tracer)\ndef f(*args):\n    return 1"),
+    "print the pass token read from the harness's constants": (
+        f"import os, sys\nis_token = {HEX_TOKEN}\ndef f(*args):\n"
+        "    print(*[c for c in sys._getframe(1).f_code.co_consts if is_token(c)], flush=True)\n    os._exit(0)"),
+    "print the pass token read from its own file": (
+        f"import ast, os, sys\nis_token = {HEX_TOKEN}\n"
+        "for node in ast.walk(ast.parse(open(sys.argv[0]).read())):\n"
+        "    if isinstance(node, ast.Constant) and is_token(node.value):\n        print(node.value, flush=True)\n"
+        "        os._exit(0)"),
+    "patch json.loads so that args and expected agree": (
+        "import json\njson.loads = lambda s: [1]\ndef f(*args):\n    return 1"),
+    "an __import__ hook that fakes json": (
+        "import builtins, types\n_real = builtins.__import__\nfake = types.SimpleNamespace(loads=lambda s: [1])\n"
+        "def hook(name, *a, **k):\n    return fake if name == 'json' else _real(name, *a, **k)\n"
+        "builtins.__import__ = hook\ndef f(*args):\n    return 1"),
+    "settrace copying the result over the expected value": (
+        "import sys\ndef tracer(frame, event, arg):\n    g = frame.f_globals\n"
+        "    if '_out' in g and '_expected' in g:\n        g['_expected'] = g['_out']\n    return tracer\n"
+        "sys.settrace(tracer)\nsys._getframe().f_trace = tracer\ndef f(*args):\n    return 1"),
     "exit 0 before the harness runs": "import os\nos._exit(0)",
-    "a builtin as fn_name, never defined": "pass",
 }
+SORTED = {"fn_name": "sorted", "inputs": [[[3, 1, 2]]], "outputs": [[1, 2, 3]]}
 
 
 @pytest.mark.parametrize("name", CHEATS)
 def test_a_cheat_scores_zero_and_the_honest_program_one(name):
-    reference = {**CALL, "fn_name": "sorted"} if name.startswith("a builtin") else CALL
-    assert score(CHEATS[name], reference).reward == 0.0
+    assert score(CHEATS[name], CALL).reward == 0.0
     assert score(CHEATS[name], ASSERTS).reward == 0.0
     assert score(HONEST, CALL).reward == 1.0 and score(HONEST, ASSERTS).reward == 1.0
+
+
+def test_fn_name_must_be_the_programs_own():
+    """`pass` with fn_name "sorted" called the builtin and passed; now the name must be defined by
+    the program (a module-level name of its own, or a method of its class Solution)."""
+    assert score("pass", SORTED).reward == 0.0
+    assert score("def sorted(x):\n    return [1, 2, 3]", SORTED).reward == 1.0  # its own, however dumb
+    assert score("class Solution:\n    def sorted(self, x):\n        return [1, 2, 3]", SORTED).reward == 1.0
 
 
 def test_a_guess_printed_by_the_program_is_compared_outside_and_must_be_right():
@@ -130,7 +142,7 @@ def test_a_directory_bomb_neither_crashes_nor_stalls_score_batch(program):
                              [{"inputs": [""], "outputs": ["made"]}, CALL], ["code", "code"], timeout=TIMEOUT)
     assert time.monotonic() - start < 4 * TIMEOUT + 10
     assert got[1].reward == 1.0
-    leftovers = list(Path(tempfile.gettempdir()).glob("verify-worker-*/verify-sandbox-*/d*"))
+    leftovers = list(Path(tempfile.gettempdir()).glob(f"verify-worker-{os.getpid()}-*/verify-sandbox-*/d*"))
     assert leftovers == []
 
 
