@@ -42,6 +42,7 @@ CODE_MEMORY_BYTES = 1 << 30      # RLIMIT_AS: allocating 50 GB fails with Memory
 CODE_FILE_BYTES = 16 << 20       # RLIMIT_FSIZE: largest file (and stdout) a program may write
 CODE_MAX_PROCESSES = 32          # RLIMIT_NPROC for the sandbox user (not enforced for root)
 CODE_MAX_OPEN_FILES = 64         # RLIMIT_NOFILE
+CODE_TEST_MEMORY_BYTES = 2 << 30  # every process of one test together (a memory cgroup, where we may make one)
 SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -262,10 +263,13 @@ def announce(required: str = "auto") -> str:
         raise RuntimeError(f"--sandbox {required}: this machine gives the code sandbox '{mode}' only ("
                            + ("not root" if mode == "rlimits" else "unshare/mount namespaces failed: a container "
                               "without CAP_SYS_ADMIN?") + f"). In '{mode}', {MODE_GAPS[mode]}")
+    memory = (f"{CODE_TEST_MEMORY_BYTES >> 30} GiB of memory a test (a cgroup)" if _memory_cgroup_root() else
+              f"memory limited per process only ({CODE_MEMORY_BYTES >> 30} GiB each, no memory cgroup here)")
     if not MODE_GAPS[mode]:
         return (f"code sandbox: {mode} (each test as its own user, no network, a private tmpfs root with the "
-                "system's programs read-only: it cannot see your files)")
-    return f"warning: code sandbox: {mode} only: {MODE_GAPS[mode]}. Train on code inside a container or as root."
+                f"system's programs read-only: it cannot see your files; {memory})")
+    return (f"warning: code sandbox: {mode} only: {MODE_GAPS[mode]}; {memory}. Train on code inside a container "
+            "or as root.")
 
 
 @functools.cache
@@ -333,8 +337,41 @@ def lower_limit(which: int, value: int) -> None:
     resource.setrlimit(which, (value, value))
 
 
-def _limit_sandbox(timeout: float) -> None:
+@functools.cache
+def _memory_cgroup_root() -> Path | None:
+    """This process's own cgroup-v1 memory directory where we may create children in it (root, the
+    v1 memory controller mounted, as on this project's machines); None elsewhere."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = next(line for line in Path("/proc/self/cgroup").read_text().splitlines()
+                     if line.split(":")[1] == "memory")
+    except (OSError, StopIteration, IndexError):
+        return None
+    root = Path("/sys/fs/cgroup/memory") / entry.split(":", 2)[2].lstrip("/")
+    return root if (root / "cgroup.procs").exists() and os.access(root, os.W_OK) else None
+
+
+def _test_cgroup(worker_pid: int) -> Path | None:
+    """The memory cgroup a worker's tests run in (one test at a time), made on first use with its limit."""
+    root = _memory_cgroup_root()
+    if root is None:
+        return None
+    path = root / f"verify-test-{worker_pid}"
+    try:
+        path.mkdir(exist_ok=True)
+        (path / "memory.limit_in_bytes").write_text(str(CODE_TEST_MEMORY_BYTES))
+        if (path / "memory.memsw.limit_in_bytes").exists():  # no way around it through swap
+            (path / "memory.memsw.limit_in_bytes").write_text(str(CODE_TEST_MEMORY_BYTES))
+    except OSError:
+        return None
+    return path
+
+
+def _limit_sandbox(timeout: float, cgroup: Path | None = None) -> None:
     """Pre-exec hook of a sandbox (runs in the child between fork and exec); children inherit it."""
+    if cgroup is not None:  # the test's processes share CODE_TEST_MEMORY_BYTES (the OOM killer stops them there)
+        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
     cpu_seconds = math.ceil(timeout) + 1
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
     lower_limit(resource.RLIMIT_AS, CODE_MEMORY_BYTES)
@@ -365,7 +402,7 @@ def _run_sandboxed(source: str, stdin_text: str | None, timeout: float,
                 stdin=stdin_file if stdin_text is not None else subprocess.DEVNULL,
                 stdout=stdout_file,  # a file, capped by RLIMIT_FSIZE: no pipe to fill or drain
                 stderr=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=functools.partial(_limit_sandbox, timeout))
+                preexec_fn=functools.partial(_limit_sandbox, timeout, _test_cgroup(os.getpid())))
             try:
                 returncode = process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -477,6 +514,12 @@ def _stop_worker(worker: _Worker, kill: bool, wait: bool = False) -> None:
         worker.process.kill()
         worker.process.wait()
     remove_tree(worker.scratch, wait=wait)
+    cgroup = _memory_cgroup_root()
+    if cgroup is not None:  # its tests' cgroup, empty now that the worker and its sandboxes are gone
+        try:
+            (cgroup / f"verify-test-{worker.process.pid}").rmdir()
+        except OSError:
+            pass
 
 
 def stop_pool(kill: bool) -> None:
@@ -491,6 +534,11 @@ def shutdown() -> None:
     """Stop the worker pool. Runs at exit; call it yourself to free the workers' memory earlier."""
     with pool_lock:
         stop_pool(kill=False)
+    if _memory_cgroup_root() is not None:  # the one sandbox_mode's probe ran in, here
+        try:
+            (_memory_cgroup_root() / f"verify-test-{os.getpid()}").rmdir()
+        except OSError:
+            pass
 
 
 atexit.register(shutdown)

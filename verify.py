@@ -101,9 +101,11 @@ Design
    test's processes. In every mode the worker is a child subreaper: whatever a program leaves
    running is re-parented to the worker, which kills and reaps all its children after each test.
    Directories are removed with `rm -rf` (any depth), and a replaced worker's scratch directory in
-   the background, never file by file in the trainer's thread. Still open: memory is limited per
-   process, not per test (32 x 1 GiB in the worst case), and "nobody" and "rlimits" keep what
-   MODE_GAPS lists; tests/test_sandbox.py holds the attacks, one per class.
+   the background, never file by file in the trainer's thread. Memory: 1 GiB of address space a
+   process, and where a cgroup-v1 memory controller is writable (root; this project's machines), 2
+   GiB for all of one test's processes together (a cgroup per worker, the OOM killer stops the test
+   there); elsewhere a test may hold 32 x 1 GiB. "nobody" and "rlimits" keep what MODE_GAPS lists;
+   tests/test_sandbox.py holds the attacks, one per class.
 6. Linux only: resource limits, prctl and /proc.
 
 Where we differ from the official PRIME math grader (../shared/specs/PRIME.md)

@@ -175,6 +175,30 @@ def test_the_work_directory_is_a_small_tmpfs():
     assert got.reward == 1.0, got
 
 
+MEMORY_HOG = """import os, time
+pids = []
+for _ in range({n}):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            x = b'x' * (800 << 20)  # under the 1 GiB a process may map, and touched
+            time.sleep(2)
+            os._exit(0)
+        except MemoryError:
+            os._exit(1)
+    pids.append(pid)
+print(sum(os.waitpid(p, 0)[1] == 0 for p in pids))"""
+
+
+@pytest.mark.skipif(sandbox._memory_cgroup_root() is None, reason="needs a cgroup-v1 memory controller we may write")
+def test_memory_is_limited_per_test_not_per_process():
+    """Five children of 800 MB each passed the per-process limit and took 4 GB; the test's memory
+    cgroup (2 GiB) lets two hold theirs and the kernel stops the rest; the sandbox carries on."""
+    assert score(MEMORY_HOG.format(n=2), {"inputs": [""], "outputs": ["2"]}, timeout=10.0).reward == 1.0
+    assert score(MEMORY_HOG.format(n=5), {"inputs": [""], "outputs": ["5"]}, timeout=10.0).reward == 0.0
+    assert score(HONEST, CALL).reward == 1.0
+
+
 @ISOLATED
 def test_sysv_shared_memory_does_not_outlive_the_test():
     key = 0x5EED0000 + os.getpid() % 0xFFFF
