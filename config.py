@@ -190,13 +190,15 @@ class Args:
 PRESETS = {
     # The paper's run (official run_prime_main.sh): Eurus-2-7B-SFT, 256 prompts x 4, 1024/3072 tokens.
     "paper": dict(prompts_per_step=256, n_samples=4, max_prompt_len=1024, max_response_len=3072,
-                  policy_lr=5e-7, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=8, max_tokens_per_micro_batch=0,
-                  gradient_checkpointing=True, temperature=1.0, top_p=1.0, filter_mode="refill"),
+                  policy_lr=5e-7, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=8,
+                  max_tokens_per_micro_batch=0, gradient_checkpointing=True, temperature=1.0, top_p=1.0,
+                  filter_mode="refill"),
     # DeepSeek-R1-Distill-Qwen-1.5B (paper App. B.7) under plain DDP on 80 GB: fp32 policy and PRM with
     # AdamW take ~48 GB, so fewer tokens per micro-batch and checkpointing.
     "1.5b": dict(prompts_per_step=256, n_samples=4, max_prompt_len=1024, max_response_len=3072,
-                 policy_lr=1e-6, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=2, max_tokens_per_micro_batch=0,
-                 gradient_checkpointing=True, temperature=1.0, top_p=1.0, filter_mode="refill"),
+                 policy_lr=1e-6, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=2,
+                 max_tokens_per_micro_batch=0, gradient_checkpointing=True, temperature=1.0, top_p=1.0,
+                 filter_mode="refill"),
 }
 
 CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass", "ppo"), rloo_form=("official", "paper"),
@@ -259,9 +261,11 @@ DOMAINS = dict(
     max_response_len=AT_LEAST_1, temperature=POSITIVE, top_p=(lambda v: 0 < v <= 1, "in (0, 1]"),
     prm_warmup_steps=AT_LEAST_0, teacher_sft_steps=AT_LEAST_1, gopd_lambda=POSITIVE, beta=POSITIVE,
     filter_low=UNIT, filter_high=UNIT, clip_eps=(lambda v: 0 < v < 1, "in (0, 1)"),
-    dual_clip=(lambda v: v == 0 or v > 1, "0 (off) or > 1 (veRL: 3)"), process_gamma=UNIT, outcome_gamma=UNIT, policy_lr=POSITIVE,
+    dual_clip=(lambda v: v == 0 or v > 1, "0 (off) or > 1 (veRL: 3)"), process_gamma=UNIT, outcome_gamma=UNIT,
+    policy_lr=POSITIVE,
     prm_lr=POSITIVE, policy_weight_decay=AT_LEAST_0, policy_grad_clip=POSITIVE, prm_grad_clip=POSITIVE,
-    refill_draws=AT_LEAST_0, mini_batches=AT_LEAST_1, micro_batch_size=AT_LEAST_1, max_tokens_per_micro_batch=AT_LEAST_0,
+    refill_draws=AT_LEAST_0, mini_batches=AT_LEAST_1, micro_batch_size=AT_LEAST_1,
+    max_tokens_per_micro_batch=AT_LEAST_0,
     gae_lambda=UNIT, critic_lr=POSITIVE,
     critic_warmup_steps=AT_LEAST_0, value_clip=AT_LEAST_0,
     vllm_gpu_memory_utilization=(lambda v: 0 < v <= 1, "in (0, 1]"), save_every=AT_LEAST_1,
