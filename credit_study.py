@@ -424,6 +424,9 @@ def policy_gradients(run_dir: Path | None, batches: int, seed: int = 0) -> tuple
     sampler = HFRollout(policy, tokenizer, base.max_response_len, base.temperature, base.top_p)
     params = [p for p in policy.parameters() if p.requires_grad]
     grads = {name: [] for name in CONSTRUCTIONS}
+    # each construction's train.py configuration; the PRM is read, never updated
+    configs = {name: train_config([*flags, *([] if "--process" in extra else ["--no-prm-online"]), *extra])
+               for name, extra in CONSTRUCTIONS.items()}
     torch.manual_seed(seed)
     for k in range(batches):
         tasks = train.step_prompts(base, [], tokenizer, 1_000_000 + k, d)  # prompts no run trained on
@@ -435,9 +438,7 @@ def policy_gradients(run_dir: Path | None, batches: int, seed: int = 0) -> tuple
         logp_ref = microbatch.logprobs_no_grad(models.reference, b.ro, base)
         formats = torch.tensor([scores[i].format for i in b.rows.tolist()], dtype=torch.float32)
         logp = microbatch.response_logprobs(policy, b.ro, base.temperature)
-        for name, extra in CONSTRUCTIONS.items():
-            frozen = [] if "--process" in extra else ["--no-prm-online"]  # the PRM is read, never updated
-            args = train_config([*flags, *frozen, *extra])
+        for name, args in configs.items():
             signal, _, step_ids, _ = train.process_signal(args, models, b, None, logp_ref, d)
             process = train.process_rewards(args, signal, step_ids, b.mask)
             adv, *_ = train.advantages(args, models, b, process, signal, step_ids, formats)

@@ -352,20 +352,38 @@ def _memory_cgroup_root() -> Path | None:
     return root if (root / "cgroup.procs").exists() and os.access(root, os.W_OK) else None
 
 
-def _test_cgroup(worker_pid: int) -> Path | None:
-    """The memory cgroup a worker's tests run in (one test at a time), made on first use with its limit."""
+def _cgroup_path(worker_pid: int) -> Path | None:
     root = _memory_cgroup_root()
-    if root is None:
-        return None
-    path = root / f"verify-test-{worker_pid}"
+    return None if root is None else root / f"verify-test-{worker_pid}"
+
+
+def _test_cgroup(worker_pid: int) -> Path | None:
+    """The memory cgroup a worker's tests run in (one test at a time), made with its limit by the
+    worker's first test; later tests find it."""
+    path = _cgroup_path(worker_pid)
+    if path is None or path.is_dir():
+        return path
+    for stale in path.parent.glob("verify-test-*"):  # left by workers killed before their sandboxes died
+        if not Path("/proc", stale.name.rsplit("-", 1)[1]).exists():
+            _remove_test_cgroup(int(stale.name.rsplit("-", 1)[1]))
     try:
-        path.mkdir(exist_ok=True)
+        path.mkdir()
         (path / "memory.limit_in_bytes").write_text(str(CODE_TEST_MEMORY_BYTES))
         if (path / "memory.memsw.limit_in_bytes").exists():  # no way around it through swap
             (path / "memory.memsw.limit_in_bytes").write_text(str(CODE_TEST_MEMORY_BYTES))
     except OSError:
         return None
     return path
+
+
+def _remove_test_cgroup(worker_pid: int) -> None:
+    """rmdir a worker's test cgroup (empty once the worker and its sandboxes are gone)."""
+    path = _cgroup_path(worker_pid)
+    if path is not None:
+        try:
+            path.rmdir()
+        except OSError:
+            pass
 
 
 def _limit_sandbox(timeout: float, cgroup: Path | None = None) -> None:
@@ -514,12 +532,7 @@ def _stop_worker(worker: _Worker, kill: bool, wait: bool = False) -> None:
         worker.process.kill()
         worker.process.wait()
     remove_tree(worker.scratch, wait=wait)
-    cgroup = _memory_cgroup_root()
-    if cgroup is not None:  # its tests' cgroup, empty now that the worker and its sandboxes are gone
-        try:
-            (cgroup / f"verify-test-{worker.process.pid}").rmdir()
-        except OSError:
-            pass
+    _remove_test_cgroup(worker.process.pid)
 
 
 def stop_pool(kill: bool) -> None:
@@ -534,11 +547,7 @@ def shutdown() -> None:
     """Stop the worker pool. Runs at exit; call it yourself to free the workers' memory earlier."""
     with pool_lock:
         stop_pool(kill=False)
-    if _memory_cgroup_root() is not None:  # the one sandbox_mode's probe ran in, here
-        try:
-            (_memory_cgroup_root() / f"verify-test-{os.getpid()}").rmdir()
-        except OSError:
-            pass
+    _remove_test_cgroup(os.getpid())  # the one sandbox_mode's probe ran in, here
 
 
 atexit.register(shutdown)
