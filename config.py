@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+import step_prm
 import toy_task
 import verify
 
@@ -90,7 +91,11 @@ class Args:
     prm_warmup_steps: int = 0
     """before RL, train the implicit PRM on this many batches of the starting policy's rollouts"""
     prm_groups: str = "kept"
-    """which groups the implicit PRM learns from: 'kept' (every group the filter keeps, as the paper) or 'mixed' (only groups with both right and wrong responses, whose labels contrast); its rewards reach every kept group either way"""
+    """which groups the implicit PRM learns from: 'kept' (every group the filter keeps, as the paper) or 'mixed' (only groups with both right and wrong responses, whose labels contrast); its rewards reach every kept group either way (see --process-groups)"""
+    process_groups: str = "all"
+    """which kept groups receive process rewards: 'all' (the paper) or 'mixed' (only groups with both right and wrong responses; the others train on their outcome advantage alone, 0 under RLOO): where a process signal's harm enters (issue 29, E5)"""
+    prm_init: str = ""
+    """the implicit PRM's starting weights: empty = the SFT checkpoint, as the reference (paper Sec. 3.3); 'teacher' = the embedded clean demonstrator (or --teacher's model); or a path. The reference stays the SFT model, so rewards start at log(pi_init / pi_sft), a prover other than the policy (issue 29, E7)"""
     teacher: str = ""
     """--process opd/gopd: a frozen causal LM on the policy's tokenizer; empty = the embedded toy teacher (a longer SFT)"""
     teacher_sft_steps: int = toy_task.TEACHER_SFT_STEPS
@@ -98,7 +103,9 @@ class Args:
     gopd_lambda: float = 1.25
     """--process gopd: lambda of lambda (l_T - l_B) - (l_theta - l_B), base = the starting policy (PASS v1: 1.25)"""
     step_scorer: str = "toy"
-    """--process step: 'toy' (the embedded task's exact step checker) or the path of an HF step PRM (e.g. Qwen2.5-Math-PRM-7B)"""
+    """--process step: 'toy' (the embedded task's exact step checker), 'toy-first' (the same checker marking only the first wrong line wrong: the most an outcome-trained PRM could tell) or the path of an HF step PRM (e.g. Qwen2.5-Math-PRM-7B)"""
+    step_noise: float = 0.0
+    """--process step: add N(0, SD^2) noise to every step score (seeded by --seed and the step): a perfect checker made as noisy as a learned PRM (issue 29, E4)"""
     step_separator: str = ""
     """--process step with an HF step PRM: where steps split; empty = blank lines, as Qwen2.5-Math-PRM"""
     pass_preset: str = "math"
@@ -206,7 +213,7 @@ CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass", "ppo
                math_grader=verify.MATH_GRADERS,
                pass_preset=("math", "qa", "v1"),
                process_norm=("batch", "beta"), reference=("sft", "policy"), prm_update=("after", "before"),
-               prm_loss=("ce", "dpo"), prm_groups=("kept", "mixed"), loss_mean=("global", "micro"),
+               prm_loss=("ce", "dpo"), prm_groups=("kept", "mixed"), process_groups=("all", "mixed"), loss_mean=("global", "micro"),
                rollout=("hf", "vllm"), preset=("", "paper", "1.5b"), sandbox=("auto", "namespaces"),
                filter_mode=("shrink", "refill"))
 
@@ -270,7 +277,7 @@ DOMAINS = dict(
     critic_warmup_steps=AT_LEAST_0, value_clip=AT_LEAST_0,
     vllm_gpu_memory_utilization=(lambda v: 0 < v <= 1, "in (0, 1]"), save_every=AT_LEAST_1,
     eval_problems=AT_LEAST_1, eval_every=AT_LEAST_0, eval_samples=AT_LEAST_1, sft_steps=AT_LEAST_0,
-    episodes_per_step=AT_LEAST_0, max_memory_gb=AT_LEAST_0, toy_slip=(lambda v: 0 <= v < 1, "in [0, 1)"),
+    episodes_per_step=AT_LEAST_0, step_noise=AT_LEAST_0, max_memory_gb=AT_LEAST_0, toy_slip=(lambda v: 0 <= v < 1, "in [0, 1)"),
 )
 
 
@@ -292,9 +299,11 @@ def check_args(args: Args) -> None:
     for flag, path in (("--model", args.model), ("--teacher", args.teacher)):
         if path and not Path(path).exists() and "/" not in path:
             bad(f"{flag} {path}: no such local path (and not a hub name like org/model)")
-    if args.process == "step" and args.step_scorer != "toy" and not Path(args.step_scorer).exists() \
-            and "/" not in args.step_scorer:
-        bad(f"--step-scorer {args.step_scorer}: 'toy' or the path of a step PRM")
+    if args.process == "step" and args.step_scorer not in step_prm.TOY_SCORERS \
+            and not Path(args.step_scorer).exists() and "/" not in args.step_scorer:
+        bad(f"--step-scorer {args.step_scorer}: 'toy', 'toy-first' or the path of a step PRM")
+    if args.prm_init not in ("", "teacher") and not Path(args.prm_init).exists() and "/" not in args.prm_init:
+        bad(f"--prm-init {args.prm_init}: 'teacher' or a model path (no such local path)")
     if not args.data:
         try:
             toy_task.parse_ops(args.toy_ops)
@@ -325,8 +334,8 @@ def check_args(args: Args) -> None:
     if args.prm_loss == "dpo" and not args.max_tokens_per_micro_batch and args.micro_batch_size % args.n_samples:
         bad(f"--prm-loss dpo compares responses within a group: --micro-batch-size {args.micro_batch_size} "
             f"must be a multiple of --n-samples {args.n_samples}")
-    if args.teacher and args.process not in ("opd", "gopd"):
-        bad(f"--teacher is used only by --process opd/gopd, not {args.process}")
+    if args.teacher and args.process not in ("opd", "gopd") and args.prm_init != "teacher":
+        bad(f"--teacher is used only by --process opd/gopd and --prm-init teacher, not --process {args.process}")
     if args.process in ("opd", "gopd") and not args.teacher and (args.model or args.data):
         bad(f"--process {args.process} with your own --model/--data needs --teacher PATH "
             "(the embedded teacher only knows the embedded task)")
@@ -335,8 +344,17 @@ def check_args(args: Args) -> None:
         if AutoTokenizer.from_pretrained(args.teacher).get_vocab() != AutoTokenizer.from_pretrained(args.model).get_vocab():
             bad(f"--teacher {args.teacher}: its tokenizer differs from --model {args.model}'s; OPD compares "
                 "log-probs of the same token ids, so the vocabularies must be identical")
-    if args.process == "step" and args.step_scorer == "toy" and args.data:
-        bad("--step-scorer toy checks the embedded arithmetic task only: give the path of a step PRM")
+    if args.process == "step" and args.step_scorer in step_prm.TOY_SCORERS and args.data:
+        bad(f"--step-scorer {args.step_scorer} checks the embedded arithmetic task only: give the path of a step PRM")
+    if args.step_noise and args.process != "step":
+        bad(f"--step-noise {args.step_noise}: adds noise to a step scorer's scores, needs --process step")
+    if args.process_groups == "mixed" and args.process == "none":
+        bad("--process-groups mixed: there is no process reward with --process none")
+    if args.prm_init and args.process != "implicit":
+        bad(f"--prm-init {args.prm_init}: the implicit PRM's start, needs --process implicit")
+    if args.prm_init == "teacher" and not args.teacher and (args.model or args.data):
+        bad("--prm-init teacher with your own --model/--data needs --teacher PATH (the embedded teacher only "
+            "knows the embedded task)")
     if args.pass_preset == "v1" and args.estimator == "pass" and args.process != "step":
         bad("--pass-preset v1 chunks by the step PRM's steps: it needs --process step")
     if args.resume and not args.run_name:

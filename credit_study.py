@@ -57,7 +57,8 @@ SETTINGS = {
     "sparser": ["--toy-ops", "8-10", "--toy-slip", "0.3", "--max-response-len", "128", *MICRO],
 }
 NO_FILTER = ["--filter-low", "0", "--filter-high", "1"]  # all-wrong groups stay: they can carry a process signal
-MIXED = [*NO_FILTER, "--prm-groups", "mixed"]  # ...but the implicit PRM learns from the mixed groups only
+MIXED = [*NO_FILTER, "--prm-groups", "mixed"]
+E1 = ["--rloo-form", "paper", "--process-gamma", "0.5"]  # issue 29's local credit: Eq. 5, the outcome undiscounted  # ...but the implicit PRM learns from the mixed groups only
 # Each arm: flags, the outcome-only arm its gain is measured against (same filter, same lr), and the
 # exact-checker arm whose gain it is compared with (same advantage construction where one was run).
 CREDIT_ARMS = {
@@ -101,6 +102,27 @@ CREDIT_ARMS = {
                     baseline="outcome", checker="step-e1"),
     "step-e1-0.9": dict(flags=["--process", "step", "--rloo-form", "paper", "--process-gamma", "0.9"],
                         baseline="outcome", checker="step-e1-0.9"),
+    # ... and E1 where the checker gains most (sparser, no filter): all three under Eq. 5's form,
+    # process gamma 0.5, the outcome undiscounted, against outcome-only without the filter.
+    "step-nf-e1": dict(flags=["--process", "step", *NO_FILTER, *E1], baseline="outcome-nf", checker="step-nf-e1"),
+    "implicit-nf-mixed-e1": dict(flags=[*MIXED, *E1], baseline="outcome-nf", checker="step-nf-e1"),
+    # E3, the most an outcome-trained PRM could tell: the checker marking only the first wrong line
+    # (every wrong response then sums to the same score, as under an outcome-trained PRM's q_T)
+    "step-first": dict(flags=["--process", "step", "--step-scorer", "toy-first"], baseline="outcome",
+                       checker="step"),
+    "step-first-e1": dict(flags=["--process", "step", "--step-scorer", "toy-first", *E1], baseline="outcome",
+                          checker="step-e1"),
+    "step-first-nf-e1": dict(flags=["--process", "step", "--step-scorer", "toy-first", *NO_FILTER, *E1],
+                             baseline="outcome-nf", checker="step-nf-e1"),
+    # E4: the checker with noise of sd 0.7 on its 0/1 scores: a slip then stands out by 1/0.7 = 1.4
+    # noise widths, the implicit PRM's separation at gamma 1 in `sparser` (blame table)
+    "step-noise-e1": dict(flags=["--process", "step", "--step-noise", "0.7", *E1], baseline="outcome",
+                          checker="step-e1"),
+    # E5: process rewards reach the mixed groups only, every group kept (where does the harm enter?)
+    "implicit-nf-mixed-only": dict(flags=[*MIXED, "--process-groups", "mixed"], baseline="outcome-nf",
+                                   checker="step-nf"),
+    # E7: the PRM starts from the clean demonstrator (a prover other than the policy); reference: the SFT
+    "implicit-teacher": dict(flags=["--prm-init", "teacher"], baseline="outcome", checker="step"),
     "outcome-nf-lr1e-4": dict(flags=["--process", "none", *NO_FILTER, "--policy-lr", "1e-4"],
                               baseline="outcome-nf-lr1e-4", checker="step-nf-lr1e-4"),
     "step-nf-lr1e-4": dict(flags=["--process", "step", *NO_FILTER, "--policy-lr", "1e-4"],
@@ -140,6 +162,13 @@ CREDIT_LABELS = {
     "implicit-e1-0.9": "PRIME, Eq. 5 form, process gamma 0.9, outcome undiscounted",
     "step-e1": "RLOO + step checker, Eq. 5 form, process gamma 0.5",
     "step-e1-0.9": "RLOO + step checker, Eq. 5 form, process gamma 0.9",
+    "step-nf-e1": "RLOO + step checker, no filter, Eq. 5 form, process gamma 0.5",
+    "implicit-nf-mixed-e1": "PRIME, no filter, PRM on mixed, Eq. 5 form, process gamma 0.5",
+    "step-first": "RLOO + checker of the first wrong line only", "step-first-e1": "... the same, Eq. 5 form, gamma 0.5",
+    "step-first-nf-e1": "checker of the first wrong line only, no filter, Eq. 5 form, gamma 0.5",
+    "step-noise-e1": "step checker + noise sd 0.7, Eq. 5 form, gamma 0.5",
+    "implicit-nf-mixed-only": "PRIME, no filter, PRM and process rewards on mixed groups only",
+    "implicit-teacher": "PRIME, PRM started from the clean demonstrator",
 }
 # What `python credit_study.py` runs in each setting (3 seeds each); the rest of CREDIT_ARMS are
 # there to be run with --arms. The dense settings get the three process sources with PRIME's filter;
@@ -439,8 +468,8 @@ def policy_gradients(run_dir: Path | None, batches: int, seed: int = 0) -> tuple
         formats = torch.tensor([scores[i].format for i in b.rows.tolist()], dtype=torch.float32)
         logp = microbatch.response_logprobs(policy, b.ro, base.temperature)
         for name, args in configs.items():
-            signal, _, step_ids, _ = train.process_signal(args, models, b, None, logp_ref, d)
-            process = train.process_rewards(args, signal, step_ids, b.mask)
+            signal, _, step_ids, _ = train.process_signal(args, models, b, None, logp_ref, d, k)
+            process = train.process_rewards(args, signal, step_ids, b.mask, b.outcome)
             adv, *_ = train.advantages(args, models, b, process, signal, step_ids, formats)
             loss = -(adv * logp * b.mask).sum() / b.mask.sum()  # Eq. 6 at rho = 1
             grads[name].append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params,

@@ -41,8 +41,9 @@ def build_models(args: Args, d: Dist) -> Models:
     """Load the policy and whatever --process and --estimator need, on the device, with AdamW each."""
     path, policy, tokenizer = load_model_and_tokenizer(args, d)
     m = Models(path, tokenizer, policy, policy_opt=None)
-    if args.process == "implicit":
-        m.prm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(d.device).train()
+    if args.process == "implicit":  # from the SFT checkpoint, or --prm-init's model (E7: another prover)
+        m.prm = AutoModelForCausalLM.from_pretrained(prm_start(args, path, tokenizer, d),
+                                                     dtype=torch.float32).to(d.device).train()
     if args.estimator == "ppo":  # PPO's critic: the SFT backbone with a fresh scalar head
         m.critic = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
         m.critic.to(d.device).train()
@@ -68,6 +69,26 @@ def build_models(args: Args, d: Dist) -> Models:
         m.critic = wrap_ddp(m.critic, d)
         m.critic_opt = torch.optim.AdamW(m.critic.parameters(), lr=args.critic_lr, weight_decay=0.01)  # veRL's critic
     return m
+
+
+def prm_start(args: Args, sft_path: str, tokenizer, d: Dist) -> str:
+    """The implicit PRM's starting weights: the SFT checkpoint (the paper), or --prm-init: 'teacher'
+    (--teacher, or the embedded clean demonstrator) or a path; on the policy's vocabulary, since its
+    log-probs are compared with the reference's token by token."""
+    if not args.prm_init:
+        return sft_path
+    if args.prm_init == "teacher":
+        path = args.teacher or embedded_checkpoint(args, args.teacher_sft_steps, d, "PRM start: ", slip=0.0)
+    else:
+        path = args.prm_init
+    try:
+        same = AutoTokenizer.from_pretrained(path).get_vocab() == tokenizer.get_vocab()
+    except OSError as e:
+        raise SystemExit(f"--prm-init {args.prm_init}: cannot load {path} ({e})")
+    if not same:
+        raise SystemExit(f"--prm-init {args.prm_init}: {path}'s tokenizer differs from the policy's; the implicit "
+                         "reward compares log-probs of the same token ids, so the vocabularies must be identical")
+    return path
 
 
 def make_sampler(args: Args, models: Models, d: Dist):

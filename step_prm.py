@@ -11,9 +11,12 @@ actor-token segments": every policy token belongs to exactly one step.
     scores = scorer.score(questions, responses)            # list of lists, one score per step
     ids = token_step_ids(pieces, scorer.separator)         # the step of each policy token
 
-Two scorers:
+Three scorers:
     ToyStepChecker  the exact, rule-based checker of the embedded arithmetic task (one step per line,
                     toy_task.check_steps): a perfect step PRM at laptop scale, nothing to download.
+    ToyFirstStepChecker  the same checker telling only where a response first went wrong (that line
+                    0, every other 1): what an outcome-trained PRM could at best learn, since outcome
+                    labels give every wrong response the same value (issue 29, E3).
     HFStepPRM       any Hugging Face model with two labels per token read at a step marker: a
                     token-classification model (`AutoModelForTokenClassification`), or Qwen's
                     remote-code `Qwen2ForProcessRewardModel` (loaded with trust_remote_code).
@@ -85,6 +88,31 @@ class ToyStepChecker:
 
     def score(self, questions: list[str], responses: list[str]) -> list[list[float]]:
         return [toy_task.check_steps(q, step_texts(r, self.separator)) for q, r in zip(questions, responses)]
+
+
+class ToyFirstStepChecker(ToyStepChecker):
+    """The exact checker with the partial credit taken out: the first wrong line scores 0, every
+    other line (later slips included) 1. Every wrong response then has the same summed score, as an
+    outcome-trained PRM gives every wrong response the same value; what is left is the location.
+    Example: the local checker's [1, 0, 1, 0, 1] -> [1, 0, 1, 1, 1]; [1, 1, 1] stays."""
+
+    def score(self, questions: list[str], responses: list[str]) -> list[list[float]]:
+        out = []
+        for steps in super().score(questions, responses):
+            first = next((k for k, s in enumerate(steps) if s < 1), None)
+            out.append([0.0 if k == first else 1.0 for k in range(len(steps))])
+        return out
+
+
+def add_step_noise(step_scores: torch.Tensor, step_ids: torch.Tensor, sd: float, seed: int) -> torch.Tensor:
+    """step_scores (B, S) + N(0, sd^2) noise on each response's own steps (its padded columns stay 0,
+    so a response's mean score over its steps is unchanged in kind). The noise is a function of
+    `seed` alone (a resumed run draws the same), from a generator of its own: the sampler's random
+    stream is not touched. Issue 29's E4: the exact checker made as noisy as a learned PRM."""
+    n_steps = step_ids.max(-1).values + 1  # (B,)
+    real = torch.arange(step_scores.shape[1], device=step_scores.device)[None, :] < n_steps[:, None]
+    noise = torch.randn(step_scores.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+    return step_scores + sd * noise.to(step_scores) * real
 
 
 class HFStepPRM:
@@ -163,10 +191,16 @@ class HFStepPRM:
         return out
 
 
+TOY_SCORERS = ("toy", "toy-first")
+
+
 def load_step_scorer(spec: str, device="cpu", separator: str = ""):
-    """--step-scorer: 'toy' = the embedded task's exact checker, else a path of an HF step PRM."""
+    """--step-scorer: 'toy' = the embedded task's exact checker, 'toy-first' = the same marking only
+    the first wrong line, else a path of an HF step PRM."""
     if spec == "toy":
         return ToyStepChecker()
+    if spec == "toy-first":
+        return ToyFirstStepChecker()
     return HFStepPRM(spec, device, separator=separator or "\n\n")
 
 

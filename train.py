@@ -21,9 +21,10 @@ This file holds the loop and its steps; the plumbing: config, ddp, models, micro
 Simplifications relative to the paper's setup (each one a choice a reader should know about):
     1. Plain DDP on one process per GPU; no FSDP/ZeRO, so a model must fit with its gradients and
        AdamW states (fp32) on one GPU, twice (policy and PRM). An estimate is printed up front.
-    2. The filter trains on what survives from a fixed number of sampled prompts, instead of
-       sampling more prompts until the batch is full (official code). Ranks keep different numbers
-       of groups; the shorter ranks run zero-weight micro-batches so DDP's collectives line up.
+    2. By default (--filter-mode shrink) the filter trains on what survives from a fixed number of
+       sampled prompts; --filter-mode refill (the presets) samples more until the batch is full, as
+       the official code. Ranks keep different numbers of groups; the shorter ranks run zero-weight
+       micro-batches so DDP's collectives line up.
     3. One PPO epoch, no KL term, no entropy bonus (as the paper's run).
     4. Generation: `--rollout vllm` (the default where vLLM and a GPU are present) runs a vLLM engine
        inside each rank, fed the policy's weights after every update; `--rollout hf` samples with HF
@@ -216,9 +217,9 @@ def implicit_prm_step(prm, prm_opt, b: Batch, logp_ref, args: Args, d: Dist, upd
     return prime.implicit_process_reward(logp_prm_store, logp_ref, mask, 1.0), losses
 
 
-def process_signal(args: Args, models: Models, b: Batch, logp_old, logp_ref, d: Dist):
-    """The raw process signal of --process, before any scaling: (signal (B, R), sequence score (B,)
-    for the pairwise-accuracy diagnostic, step ids (B, R) or None, PRM losses).
+def process_signal(args: Args, models: Models, b: Batch, logp_old, logp_ref, d: Dist, step: int):
+    """The raw process signal of --process at iteration `step`, before any scaling: (signal (B, R),
+    sequence score (B,) for the pairwise-accuracy diagnostic, step ids (B, R) or None, PRM losses).
 
         implicit  log pi_phi(y_t) - log pi_ref(y_t)                     (Eq. 3 without beta)
         opd       log pi_teacher(y_t) - log pi_student(y_t)             (PASS seed Eq. 5)
@@ -239,6 +240,9 @@ def process_signal(args: Args, models: Models, b: Batch, logp_old, logp_ref, d: 
     elif args.process == "step":
         step_scores, step_ids = step_prm.step_scores_and_ids(models.step_scorer, models.tokenizer, b.questions,
                                                              b.texts, b.ro.response_ids, b.ro.response_mask)
+        if args.step_noise:  # E4: the checker as noisy as a learned PRM; a draw per (seed, step, rank)
+            step_scores = step_prm.add_step_noise(step_scores, step_ids, args.step_noise,
+                                                  (args.seed * 1_000_003 + step) * 1024 + d.rank)
         step_scores, step_ids = step_scores.to(d.device), step_ids.to(d.device)
         signal = pass_advantage.broadcast_step_scores(step_scores, step_ids, mask)
         n_steps = (step_ids.max(-1).values + 1).clamp(min=1)
@@ -248,15 +252,18 @@ def process_signal(args: Args, models: Models, b: Batch, logp_old, logp_ref, d: 
     return signal, signal.sum(-1), step_ids, losses
 
 
-def process_rewards(args: Args, signal, step_ids, mask):
+def process_rewards(args: Args, signal, step_ids, mask, outcome):
     """Per-token process rewards r_t for the estimators' Eq. 5, from the raw signal.
 
     A step score is one reward per step, placed on the step's last token (a token-level signal is a
-    reward on every token). Scaling, --process-norm: 'batch' (official) divides by the batch's largest
-    |return-to-go|, for any source; 'beta' (paper Eq. 3) multiplies log-ratio signals by beta and
-    leaves step scores, already in [0, 1], as they are."""
+    reward on every token). With --process-groups mixed, only the groups whose outcomes differ keep
+    theirs (0 elsewhere, before scaling). Scaling, --process-norm: 'batch' (official) divides by the
+    batch's largest |return-to-go|, for any source; 'beta' (paper Eq. 3) multiplies log-ratio signals
+    by beta and leaves step scores, already in [0, 1], as they are."""
     if args.process == "step":
         signal = step_prm.step_end_rewards(signal, step_ids, mask)
+    if args.process_groups == "mixed":
+        signal = signal * mixed_groups(outcome, args.n_samples).repeat_interleave(args.n_samples)[:, None]
     if args.process_norm == "batch":
         return prime.normalize_process_reward(signal, mask)
     return signal if args.process == "step" else args.beta * signal
@@ -562,12 +569,12 @@ def main(argv=None):
 
         # 4. Process signal: the implicit PRM's rewards (Eq. 3) and its CE update (lines 7-8) ------
         with timed(times, "prm"):
-            signal, sequence_score, step_ids, prm_losses = process_signal(args, models, b, logp_old, logp_ref, d)
+            signal, sequence_score, step_ids, prm_losses = process_signal(args, models, b, logp_old, logp_ref, d, step)
             step_ids_toy, first_wrong = toy_steps(args, b, tokenizer)
             localized, n_wrong = localization_sum(args, b, signal, step_ids_toy, first_wrong, d)
 
         # 5. Advantages, Eq. 5 (line 9) -------------------------------------------------------------
-        process = process_rewards(args, signal, step_ids, b.mask)  # (B, R) per-token rewards
+        process = process_rewards(args, signal, step_ids, b.mask, b.outcome)  # (B, R) per-token rewards
         formats = torch.tensor([scores[i].format for i in b.rows.tolist()], dtype=torch.float32, device=d.device)
         adv, *ppo_targets = advantages(args, models, b, process, signal, step_ids, formats)
 

@@ -63,6 +63,13 @@ TRAIN_BAD = [
     (["--estimator", "ppo", "--gae-lambda", "1.5"], "--gae-lambda 1.5: must be in [0, 1]"),
     (["--estimator", "ppo", "--value-clip", "-1"], "--value-clip -1.0: must be >= 0"),
     (["--prm-groups", "all"], "--prm-groups"), (["--math-grader", "sympy"], "--math-grader"),
+    (["--step-noise", "0.5"], "--step-noise 0.5: adds noise to a step scorer's scores, needs --process step"),
+    (["--process", "step", "--step-noise", "-1"], "--step-noise -1.0: must be >= 0"),
+    (["--process", "none", "--process-groups", "mixed"], "--process-groups mixed"),
+    (["--process-groups", "kept"], "--process-groups"),
+    (["--process", "none", "--prm-init", "teacher"], "--prm-init teacher: the implicit PRM's start"),
+    (["--prm-init", "nowhere"], "--prm-init nowhere"),
+    (["--prm-init", "teacher", "--model", "README.md"], "--prm-init teacher with your own --model"),
 ]
 
 

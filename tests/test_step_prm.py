@@ -43,6 +43,46 @@ def test_toy_checker_scores_responses_split_at_newlines():
         [[1.0, 0.0, 1.0, 1.0], [1.0, 1.0]]
 
 
+@pytest.mark.parametrize("local, first_only", [
+    ([1, 0, 1, 0, 1], [1, 0, 1, 1, 1]),   # two slips: only the first stays wrong
+    ([0, 0, 0], [0, 1, 1]),               # every line wrong: the first one
+    ([1, 1, 1, 1], [1, 1, 1, 1]),         # a right response is untouched
+    ([1, 1, 1, 0], [1, 1, 1, 0]),         # only the box wrong
+])
+def test_first_wrong_line_checker_keeps_only_the_first_wrong_line(local, first_only):
+    """--step-scorer toy-first: the local checker's scores (by hand) with every wrong line after the
+    first one marked right; every wrong response then has the same number of 0s (one)."""
+    # a chain of +1 operations whose lines follow `local`: a slip writes one too many, a wrong box 5
+    ops = len(local) - 1
+    prompt = "7" + "+1" * ops + "\n"
+    lines, prev = [], 7
+    for k in range(ops):
+        c = prev + 1 + (0 if local[k] else 1)
+        lines.append(f"{prev}+1={c}")
+        prev = c
+    lines.append(f"\\boxed{{{prev + (0 if local[-1] else 5)}}}")
+    response = "\n".join(lines)
+    assert step_prm.ToyStepChecker().score([prompt], [response]) == [[float(x) for x in local]]
+    assert step_prm.ToyFirstStepChecker().score([prompt], [response]) == [[float(x) for x in first_only]]
+    assert isinstance(step_prm.load_step_scorer("toy-first"), step_prm.ToyFirstStepChecker)
+
+
+def test_step_noise_lands_on_each_response_own_steps_only():
+    """--step-noise: scores + sd x N(0, 1) from a generator seeded by `seed` alone, on real steps; the
+    padded columns (past a response's last step) stay 0. Checked against the same draws by a loop."""
+    scores = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]])  # row 1 has 2 steps: column 2 is padding
+    step_ids = torch.tensor([[0, 0, 1, 2, 2], [0, 1, 1, -1, -1]])
+    noisy = step_prm.add_step_noise(scores, step_ids, 0.5, seed=11)
+    draws = torch.randn(2, 3, generator=torch.Generator().manual_seed(11))
+    for i, n_steps in enumerate([3, 2]):
+        for k in range(3):
+            expected = scores[i, k] + (0.5 * draws[i, k] if k < n_steps else 0.0)
+            assert noisy[i, k].item() == pytest.approx(expected.item(), abs=1e-6)
+    assert torch.equal(noisy, step_prm.add_step_noise(scores, step_ids, 0.5, seed=11))  # a resumed run: the same
+    assert not torch.equal(noisy, step_prm.add_step_noise(scores, step_ids, 0.5, seed=12))
+    assert torch.equal(step_prm.add_step_noise(scores, step_ids, 0.0, seed=11), scores)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Steps and the step of each policy token
 # ---------------------------------------------------------------------------------------------------

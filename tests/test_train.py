@@ -317,6 +317,8 @@ TEACHER = ["--teacher-sft-steps", str(toy_task.TEACHER_SFT_STEPS)]
     ["--loss-mean", "micro", "--micro-batch-size", "5"],
     ["--filter-mode", "refill", "--filter-low", "0.2", "--filter-high", "0.8"],
     ["--rloo-form", "paper", "--process-gamma", "0.5"], ["--estimator", "grpo", "--gamma", "0.9", "--outcome-gamma", "1"],
+    ["--process", "step", "--step-scorer", "toy-first", "--step-noise", "0.3"],
+    ["--prm-init", "teacher", "--process-groups", "mixed"],
 ], ids=lambda f: " ".join(f))
 def test_every_loop_option_runs_a_training_step(flags, cache_dir, tmp_path):
     """Each option the paper studies, one real step in-process (the verifier pool is shared)."""
@@ -434,6 +436,36 @@ def test_filter_groups_puts_mixed_groups_first_for_the_prm():
     rows, n_groups, n_train, n_prm = train.filter_groups(torch.zeros(8), ro, args)  # nothing kept: placeholder
     assert rows.tolist() == [0, 1] and (n_groups, n_train, n_prm) == (0, 0, 0)
     assert train.mixed_groups(torch.tensor([0.5, 0.5, 0.5, 1.0]), 2).tolist() == [False, True]  # soft labels
+
+
+@pytest.mark.parametrize("norm", ["batch", "beta"])
+def test_process_rewards_reach_the_mixed_groups_only_when_asked(norm):
+    """--process-groups mixed: the uniform groups' process rewards are 0, set before the scaling, so
+    the batch normaliser is the mixed groups' own largest |return-to-go|. K = 2, groups: 0 all wrong,
+    1 mixed. By hand: with 'all' the largest |return-to-go| is row 0's |-3 - 1| = 4; with 'mixed' it
+    is row 2's 1 + 0.5 = 1.5."""
+    signal = torch.tensor([[-3.0, -1.0, 0.0], [2.0, 0.0, 0.0], [1.0, 0.5, 0.0], [-0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1, 0], [1, 0, 0], [1, 1, 0], [1, 0, 0]])
+    outcome = torch.tensor([0.0, 0.0, 1.0, 0.0])
+    args = config.parse_args(["--n-samples", "2", "--process-norm", norm, "--beta", "0.5"])
+    scale = (lambda m: m / 4) if norm == "batch" else (lambda m: 0.5 * m)
+    assert torch.allclose(train.process_rewards(args, signal, None, mask, outcome), scale(signal * mask))
+    args.process_groups = "mixed"
+    scale = (lambda m: m / 1.5) if norm == "batch" else (lambda m: 0.5 * m)
+    expected = scale(signal * mask * torch.tensor([0.0, 0, 1, 1])[:, None])
+    assert torch.allclose(train.process_rewards(args, signal, None, mask, outcome), expected)
+
+
+def test_prm_init_starts_the_prm_from_the_teacher_and_keeps_the_sft_reference(cache_dir):
+    """--prm-init teacher (E7): the PRM's weights are the clean demonstrator's, the reference and the
+    policy stay the SFT checkpoint's."""
+    import models as run_models
+    args = config.parse_args(["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--prm-init", "teacher"])
+    m = run_models.build_models(args, ddp.Dist(device=torch.device("cpu")))
+    teacher = run_models.load_frozen(str(toy_task.sft_checkpoint(cache_dir, toy_task.TEACHER_SFT_STEPS, slip=0.0)),
+                                     ddp.Dist(device=torch.device("cpu")))
+    same = lambda a, b: all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))  # noqa: E731
+    assert same(m.prm, teacher) and same(m.reference, m.policy) and not same(m.prm, m.policy)
 
 
 def test_pairwise_accuracy_counts_the_mixed_groups_only():
