@@ -46,16 +46,10 @@ def sft(cache):
 @pytest.fixture(scope="session")
 def runs(cache, tmp_path_factory):
     """Two short real train.py runs to compare: PRIME (A) and the outcome-only baseline (B)."""
+    from test_train import train_here  # in this process, one after the other: no interpreter to start
     out = tmp_path_factory.mktemp("runs")
-    procs = {name: subprocess.Popen(  # both at once, one thread each
-        [sys.executable, str(REPO / "train.py"), "--steps", str(steps), "--prompts-per-step", "8",
-         "--eval-problems", "16", "--sft-steps", str(SFT_STEPS), "--cache-dir", str(cache),
-         "--out-dir", str(out), "--run-name", name, *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        for name, steps, extra in (("A", 3, []), ("B", 2, ["--process", "none"]))}
-    for name, proc in procs.items():
-        _, stderr = proc.communicate(timeout=900)
-        assert proc.returncode == 0, f"train.py run {name} failed:\n{stderr[-3000:]}"
+    for name, steps, extra in (("A", 3, []), ("B", 2, ["--process", "none"])):
+        train_here(["--steps", str(steps), "--run-name", name, *extra], cache, out)
     return out / "A", out / "B"
 
 
@@ -217,10 +211,8 @@ def test_prompts_match_training_prompts_with_and_without_chat_template(sft):
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_toy_benchmark_greedy_from_the_command_line(sft):
-    proc = subprocess.run([sys.executable, str(REPO / "eval.py"), "--model", str(sft), "--greedy",
-                           "--limit", "50"], capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_toy_benchmark_greedy_with_the_default_flags(sft, capsys):
+    run_eval(capsys, "--model", sft, "--greedy", "--limit", 50)
     report = json.loads((sft / "eval.json").read_text())  # default --out: next to the model
     assert list(report["benchmarks"]) == ["toy"]  # no chat template: the toy benchmark by default
     assert not list(sft.glob("*.tmp*"))  # the atomic write left nothing behind
@@ -316,7 +308,8 @@ def test_plot_compares_two_runs(runs, tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_unknown_benchmark_from_the_command_line():
+def test_eval_command_line_exit_code_and_no_traceback():
+    """The command line itself, once: a usage error exits 2 with the message and no traceback."""
     proc = subprocess.run([sys.executable, str(REPO / "eval.py"), "--model", "unused",
                            "--benchmarks", "math500,mathh500"], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

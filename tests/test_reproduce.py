@@ -31,22 +31,22 @@ def test_every_arm_is_in_a_comparison_and_has_a_label():
     assert used == set(reproduce.ARMS) == set(reproduce.LABELS)
 
 
-def test_one_comparison_end_to_end(cache_dir, tmp_path):
-    cmd = [sys.executable, str(REPO / "reproduce.py"), "prime-vs-rloo", "--seeds", "1", "--steps", "3",
-           "--jobs", "2", "--out", str(tmp_path / "runs"), "--cache-dir", str(cache_dir),
-           "--figures", str(tmp_path / "fig"), "--window", "2",
-           "--sft-steps", str(SFT_STEPS), "--prompts-per-step", "8", "--eval-problems", "8", "--eval-every", "0"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+def test_one_comparison_end_to_end(cache_dir, tmp_path, capsys):
+    """reproduce.py's entry point in this process; its two runs are real train.py processes, at once."""
+    argv = ["prime-vs-rloo", "--seeds", "1", "--steps", "3", "--jobs", "2", "--out", str(tmp_path / "runs"),
+            "--cache-dir", str(cache_dir), "--figures", str(tmp_path / "fig"), "--window", "2",
+            "--sft-steps", str(SFT_STEPS), "--prompts-per-step", "8", "--eval-problems", "8", "--eval-every", "0"]
+    reproduce.main(argv)
+    stdout = capsys.readouterr().out
     assert (tmp_path / "fig" / "prime-vs-rloo.png").stat().st_size > 1000
     results = json.loads((tmp_path / "fig" / "results.json").read_text())
     assert set(results) == {"prime", "rloo"}
     metrics = [json.loads(l) for l in (tmp_path / "runs" / "rloo-s1" / "metrics.jsonl").read_text().splitlines()]
     assert results["rloo"]["reward_last"] == [np.mean([m["reward"] for m in metrics[-2:]])]
-    assert "| RLOO, outcome only |" in proc.stdout and "PRIME reaches" in proc.stdout
+    assert "| RLOO, outcome only |" in stdout and "PRIME reaches" in stdout
     # a second call finds the runs finished and only redraws
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert again.returncode == 0 and "done in" not in again.stdout
+    reproduce.main(argv)
+    assert "done in" not in capsys.readouterr().out
 
 
 def test_paired_difference_by_hand():

@@ -44,6 +44,13 @@ def start_train(args, cache_dir, out_dir, torchrun=0) -> subprocess.Popen:
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+def train_here(args, cache_dir, out_dir) -> Path:
+    """train.py's entry point in this process, with start_train's flags: a run that needs no process of
+    its own (nothing runs beside it) saves the interpreter's start and imports, ~8 s on 2 cores."""
+    return train.main(["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--out-dir", str(out_dir),
+                       "--eval-problems", "16", "--prompts-per-step", "8", *args])
+
+
 def finish(proc: subprocess.Popen, timeout=600) -> subprocess.CompletedProcess:
     stdout, stderr = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
@@ -116,7 +123,7 @@ def test_recomputed_old_logprobs_equal_the_samplers_on_left_padded_prompts(cache
     assert ro.sampler_logprobs[mask].min() < -0.1  # some sampled tokens were not near-certain
 
 
-def test_kill_and_resume_gives_the_same_metrics(cache_dir, tmp_path):
+def test_kill_and_resume_gives_the_same_metrics(cache_dir, tmp_path, capsys, monkeypatch):
     """PPO + PRIME: the policy, the implicit PRM, the critic, their optimisers and every RNG stream are
     checkpointed (PRIME's default RLOO saves the same minus the critic; one run covers both)."""
     args = ["--steps", "4", "--save-every", "2", "--estimator", "ppo"]
@@ -131,9 +138,14 @@ def test_kill_and_resume_gives_the_same_metrics(cache_dir, tmp_path):
     assert state.exists(), "the run never wrote its step-2 checkpoint"
     full = finish(full)
     assert full.returncode == 0, full.stderr[-3000:]
-    resumed = run_train(args + ["--run-name", "killed", "--resume"], cache_dir, tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed" in resumed.stdout
+    capsys.readouterr()
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the thread count of the runs it is compared with
+    try:
+        train_here(args + ["--run-name", "killed", "--resume"], cache_dir, tmp_path)
+    finally:
+        torch.set_num_threads(threads)  # train.main set 1 for this process: the later tests get theirs back
+    assert "resumed" in capsys.readouterr().out
     assert metrics_of(tmp_path / "killed") == metrics_of(tmp_path / "full")
 
 
@@ -217,30 +229,35 @@ def test_ranks_that_share_no_out_dir_stop_at_the_start(cache_dir, tmp_path):
 # --------------------------------------------------------------------------- bad input
 
 
-def expect_error(args, cache_dir, tmp_path, message):
-    proc = run_train(args, cache_dir, tmp_path, timeout=300)
-    assert proc.returncode != 0
-    assert message in proc.stderr, proc.stderr[-2000:]
+def expect_error(args, cache_dir, tmp_path, message, capsys):
+    """train.py stops with `message` (a SystemExit's text, or the usage error on stderr), nonzero.
+    In this process: test_train_cli_exit_code_and_no_traceback runs the command line itself."""
+    with pytest.raises(SystemExit) as stop:
+        train_here(args, cache_dir, tmp_path)
+    text = f"{stop.value.code}\n{capsys.readouterr().err}"
+    assert stop.value.code not in (0, None)
+    assert message in text, text[-2000:]
 
 
-def test_unknown_model_path(cache_dir, tmp_path):
-    expect_error(["--model", str(tmp_path / "nope"), "--steps", "1"], cache_dir, tmp_path, "--model")
+def test_unknown_model_path(cache_dir, tmp_path, capsys):
+    expect_error(["--model", str(tmp_path / "nope"), "--steps", "1"], cache_dir, tmp_path, "--model", capsys)
 
 
-def test_missing_data_field(cache_dir, tmp_path):
+def test_missing_data_field(cache_dir, tmp_path, capsys):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")
-    expect_error(["--data", str(data), "--steps", "1"], cache_dir, tmp_path, "no field 'problem'")
+    expect_error(["--data", str(data), "--steps", "1"], cache_dir, tmp_path, "no field 'problem'", capsys)
 
 
-def test_unparseable_answer_field(cache_dir, tmp_path):
+def test_unparseable_answer_field(cache_dir, tmp_path, capsys):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"problem": "1+1\n", "answer": "\\frac{"}) + "\n" for _ in range(4)))
-    expect_error(["--data", str(data), "--steps", "1"], cache_dir, tmp_path, "do not verify against themselves")
+    expect_error(["--data", str(data), "--steps", "1"], cache_dir, tmp_path, "do not verify against themselves",
+                 capsys)
 
 
-def test_n_samples_below_two_with_rloo(cache_dir, tmp_path):
-    expect_error(["--n-samples", "1", "--steps", "1"], cache_dir, tmp_path, "--n-samples 1")
+def test_n_samples_below_two_with_rloo(cache_dir, tmp_path, capsys):
+    expect_error(["--n-samples", "1", "--steps", "1"], cache_dir, tmp_path, "--n-samples 1", capsys)
 
 
 def test_batch_not_divisible_by_world_size():
@@ -249,17 +266,16 @@ def test_batch_not_divisible_by_world_size():
         train.step_prompts(args, [], toy_task.build_tokenizer(), 0, ddp.Dist(rank=0, world=2))
 
 
-def test_memory_estimate_refuses_a_7b_model_on_an_80gb_gpu(cache_dir, tmp_path):
+def test_memory_estimate_refuses_a_7b_model_on_an_80gb_gpu(cache_dir, tmp_path, capsys):
     """A config-only folder is enough: the estimate is made before any weight is loaded."""
     from transformers import Qwen2Config
     model_dir = tmp_path / "qwen2-7b-config"
     Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                 num_attention_heads=28, num_key_value_heads=4).save_pretrained(model_dir)
     toy_task.build_tokenizer().save_pretrained(model_dir)
-    proc = run_train(["--model", str(model_dir), "--preset", "paper", "--max-memory-gb", "80"],
-                     cache_dir, tmp_path, timeout=300)
-    assert proc.returncode != 0
-    assert "plain DDP cannot hold it" in proc.stderr, proc.stderr[-2000:]
+    with pytest.raises(SystemExit, match="plain DDP cannot hold it"):
+        train_here(["--model", str(model_dir), "--preset", "paper", "--max-memory-gb", "80"], cache_dir, tmp_path)
+    stdout = capsys.readouterr().out
     # 16 bytes a parameter for policy and for PRM, 2 for the bf16 reference: 34 bytes in all; then the
     # paper preset's activations (8 x 4096 tokens, checkpointed) and logits (8 x 3073 x 152064 x 8 bytes)
     from transformers import AutoModelForCausalLM
@@ -268,10 +284,10 @@ def test_memory_estimate_refuses_a_7b_model_on_an_80gb_gpu(cache_dir, tmp_path):
     assert 7.5e9 < n_params < 7.7e9
     activations = 8 * 4096 * (28 * 3584 + 10 * 3584 + 4 * 18944) * 4 / 1e9
     logits = 8 * 3073 * 152064 * 8 / 1e9
-    assert f"policy (weights+grads+adam) {16 * n_params / 1e9:.2f} GB" in proc.stdout, proc.stdout[-2000:]
+    assert f"policy (weights+grads+adam) {16 * n_params / 1e9:.2f} GB" in stdout, stdout[-2000:]
     assert f"activations (one micro-batch) {activations:.2f} GB, logits (one micro-batch) {logits:.2f} GB" \
-        in proc.stdout, proc.stdout[-2000:]
-    assert f"total {34 * n_params / 1e9 + activations + logits:.2f} GB" in proc.stdout, proc.stdout[-2000:]
+        in stdout, stdout[-2000:]
+    assert f"total {34 * n_params / 1e9 + activations + logits:.2f} GB" in stdout, stdout[-2000:]
 
 
 def test_verl_parquet_and_jsonl_rows_become_tasks(tmp_path):
