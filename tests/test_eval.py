@@ -9,7 +9,6 @@ No mocks: the real tiny model, the real rollout, the real verifier pool, the rea
 """
 
 import json
-import os
 import math
 import subprocess
 import sys
@@ -212,7 +211,7 @@ def test_prompts_match_training_prompts_with_and_without_chat_template(sft):
 
 
 def test_toy_benchmark_greedy_with_the_default_flags(sft, capsys):
-    run_eval(capsys, "--model", sft, "--greedy", "--limit", 50)
+    _, stdout = run_eval(capsys, "--model", sft, "--greedy", "--limit", 50)
     report = json.loads((sft / "eval.json").read_text())  # default --out: next to the model
     assert list(report["benchmarks"]) == ["toy"]  # no chat template: the toy benchmark by default
     assert not list(sft.glob("*.tmp*"))  # the atomic write left nothing behind
@@ -232,7 +231,7 @@ def test_toy_benchmark_greedy_with_the_default_flags(sft, capsys):
             assert p["correct"] == int(int(answer) == int(p["gold"])), p
     assert toy["format"] > 0.5, "the SFT model should write one \\boxed{} answer"
     assert 0 < toy["response_length"] <= 48
-    row = next(line for line in proc.stdout.splitlines() if line.startswith("toy "))
+    row = next(line for line in stdout.splitlines() if line.startswith("toy "))
     assert f"{100 * toy['pass@1']:.1f}" in row.split()
 
 

@@ -2,8 +2,6 @@
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np

@@ -133,7 +133,7 @@ def test_localization_of_real_toy_tokens_against_a_plain_loop():
     reward = torch.randn(2, T, generator=g)
     hits = 0
     for i in range(2):  # plain loop: sum per line of text, the most negative line
-        sums, k = {}, 0
+        sums = {}
         for t in range(int(mask[i].sum())):
             sums[step_ids[i, t].item()] = sums.get(step_ids[i, t].item(), 0.0) + reward[i, t].item()
         hits += min(sums, key=lambda s: (sums[s], s)) == first_wrong[i].item()
