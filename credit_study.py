@@ -6,7 +6,7 @@ step checker (a perfect process signal) vs the implicit PRM, under several advan
     python credit_study.py --settings sparse --arms outcome-nf step-nf    # a part of it
     python credit_study.py --settings sparser --arms outcome-nf step-nf-gamma --tag gamma   # its own plot
     python credit_study.py --report-only                                  # tables and plots from finished runs
-    python credit_study.py --gradients runs/grad/prime-50                 # policy-gradient statistics per construction
+    python credit_study.py --gradients runs/e1/prime-s1                   # policy-gradient statistics per construction
     python credit_study.py --paired-from-json                             # paired verdicts of the recorded runs
 
 Research code beside the papers' comparisons (reproduce.py, whose runner it uses): each arm is a
@@ -428,25 +428,29 @@ CONSTRUCTIONS = {
     "implicit-e1": ["--rloo-form", "paper", "--process-gamma", "0.5"],    # PRIME, E1's local credit
     "step": ["--process", "step"],                                        # the exact checker, gamma 1
     "step-e1": ["--process", "step", "--rloo-form", "paper", "--process-gamma", "0.5"],
+    "step-first-e1": ["--process", "step", "--step-scorer", "toy-first", "--rloo-form", "paper",
+                      "--process-gamma", "0.5"],                          # E3: where, not how many
 }
 
 
-def policy_gradients(run_dir: Path | None, batches: int, seed: int = 0) -> tuple[dict, int]:
+def policy_gradients(run_dir: Path | None, batches: int, seed: int = 0, at_start: bool = False) -> tuple[dict, int]:
     """({construction: (batches, parameters) float32 gradients of Eq. 6 at rho = 1}, checkpoint step).
 
-    The policy and the PRM are the run's final ones (run_dir/checkpoint; None: the SFT start, where
-    the PRM equals the reference and the implicit rewards are 0). Each batch: fresh prompts, K
-    responses each from the policy, verified, PRIME's filter; then, for every construction, the
+    The task (operations, slip, length) and the filter are the run's; the policy and the PRM are its
+    final ones (run_dir/checkpoint), or with at_start (or no run: the default task) its SFT start,
+    where the PRM equals the reference and the implicit rewards are 0. Each batch: fresh prompts, K
+    responses each from the policy, verified, the run's filter; then, for every construction, the
     advantages train.py would compute (process_signal with the PRM frozen, process_rewards,
     advantages: whitened) and the gradient of the token-mean loss -A_t log pi(y_t) on those rows."""
     d = ddp.Dist()
     config = json.loads((run_dir / "config.json").read_text()) if run_dir else {}
     flags = [] if not run_dir else ["--toy-ops", config["toy_ops"], "--toy-slip", str(config["toy_slip"]),
-                                    "--max-response-len", str(config["max_response_len"])]
+                                    "--max-response-len", str(config["max_response_len"]),
+                                    "--filter-low", str(config["filter_low"]), "--filter-high", str(config["filter_high"])]
     base = train_config([*flags, "--no-prm-online", "--seed", str(seed)])
     models = run_models.build_models(base, d)
     step = 0
-    if run_dir:
+    if run_dir and not at_start:
         step = runlog.load_checkpoint(run_dir, models, d)
     models.step_scorer = step_prm.load_step_scorer("toy", d.device, base.step_separator)
     tokenizer, policy = models.tokenizer, models.policy
@@ -488,14 +492,22 @@ def gradient_report(grads: dict) -> dict:
     halves = (np.arange(n) % 2 == 0, np.arange(n) % 2 == 1)
     means = {c: g.mean(0) for c, g in grads.items()}
     out = {"batches": n, "per_construction": {}, "cosine_of_means": {}}
+    per_batch = {}  # each batch's cosine to outcome-only's mean, in the same batch order for all
     for c, g in grads.items():
         to_outcome, to_own = [], []
         for this, other in (halves, halves[::-1]):
             ref_outcome, ref_own = grads["outcome"][other].mean(0), g[other].mean(0)
             to_outcome += [cos(x, ref_outcome) for x in g[this]]
             to_own += [cos(x, ref_own) for x in g[this]]
+        per_batch[c] = np.array(to_outcome)
         noise = float(np.mean(np.sum((g - means[c]) ** 2, axis=1)))
+        # paired over batches (the constructions share their rollouts): this construction's cosine
+        # minus outcome-only's on the same batch, its mean, SE and t
+        diff = per_batch[c] - per_batch["outcome"] if "outcome" in per_batch else np.zeros(n)
+        diff_se = float(np.std(diff, ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
         out["per_construction"][c] = {
+            "cosine_minus_outcome": float(np.mean(diff)), "cosine_minus_outcome_se": diff_se,
+            "cosine_minus_outcome_t": float(np.mean(diff) / diff_se) if diff_se > 0 else float("nan"),
             "cosine_to_outcome_mean": float(np.mean(to_outcome)), "cosine_to_outcome_mean_se":
             float(np.std(to_outcome, ddof=1) / np.sqrt(n)), "cosine_to_own_mean": float(np.mean(to_own)),
             "mean_norm": float(np.linalg.norm(means[c])), "batch_norm": float(np.mean(np.linalg.norm(g, axis=1))),
@@ -545,17 +557,22 @@ def main(argv=None):
 def gradients_main(args) -> None:
     """`python credit_study.py --gradients [RUN_DIR ...]`: the table, gradients.json and gradients.png."""
     results = {}
-    for run_dir in [None, *map(Path, args.gradients)]:
-        grads, step = policy_gradients(run_dir, args.gradient_batches)
-        name = f"{run_dir.name} step {step}" if run_dir else "SFT start"
+    run_dirs = list(map(Path, args.gradients))
+    # the SFT start of the first run's task (the default task without a run), then each run's end
+    for run_dir, at_start in [(run_dirs[0] if run_dirs else None, True), *((r, False) for r in run_dirs)]:
+        grads, step = policy_gradients(run_dir, args.gradient_batches, at_start=at_start)
+        task = f" ({run_dir.name.rsplit('-s', 1)[0]}'s task)" if run_dir else ""
+        name = f"SFT start{task}" if at_start else f"{run_dir.name} step {step}"
         results[name] = gradient_report(grads)
         print(f"\n## {name}: {results[name]['batches']} batches\n")
-        print("| construction | cosine to outcome-only's mean (held-out half) | cosine to its own mean | "
-              "one batch's SNR | mean gradient norm / one batch's |")
-        print("| --- | --- | --- | --- | --- |")
+        print("| construction | cosine to outcome-only's mean (held-out half) | minus outcome-only's, paired by batch "
+              "| cosine to its own mean | one batch's SNR | mean gradient norm / one batch's |")
+        print("| --- | --- | --- | --- | --- | --- |")
         for c, r in results[name]["per_construction"].items():
             print(f"| {c} | {r['cosine_to_outcome_mean']:.3f} +- {r['cosine_to_outcome_mean_se']:.3f} | "
-                  f"{r['cosine_to_own_mean']:.3f} | {r['snr']:.3f} | {r['mean_norm']:.3g} / {r['batch_norm']:.3g} |")
+                  f"{r['cosine_minus_outcome']:+.3f} +- {r['cosine_minus_outcome_se']:.3f} "
+                  f"(t {r['cosine_minus_outcome_t']:.1f}) | {r['cosine_to_own_mean']:.3f} | {r['snr']:.3f} | "
+                  f"{r['mean_norm']:.3g} / {r['batch_norm']:.3g} |")
         print("cosine between the means: " + "; ".join(
             f"{c}/{o} {v:.2f}" for c, row in results[name]["cosine_of_means"].items() for o, v in row.items() if c < o))
     figures = Path(args.figures)

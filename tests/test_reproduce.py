@@ -237,6 +237,19 @@ def test_gradient_report_by_hand():
         # |mean|^2 = 1 (x 9 for copy); noise: E|g - mean|^2 = (0 + 4 + 0 + 4) / 4 = 2 (x 9): SNR 1/2
         assert r["snr"] == pytest.approx(0.5)
     assert got["per_construction"]["copy"]["mean_norm"] == pytest.approx(3.0)
+    # paired by batch: a scaled copy has the same cosine on every batch, a difference of 0 each
+    assert got["per_construction"]["copy"]["cosine_minus_outcome"] == pytest.approx(0.0, abs=1e-12)
+    # a construction that turns batch 1 (an odd batch) to outcome-only's mean direction: its cosine
+    # there is 1 instead of 1/sqrt(5); the other three batches are the same -> differences
+    # (0, 1 - 1/sqrt(5), 0, 0), in the report's order (even batches first): mean and SE by hand
+    turned = outcome.copy()
+    turned[1] = [1.0, 0.0]
+    r = credit_study.gradient_report({"outcome": outcome, "turned": turned})["per_construction"]["turned"]
+    gap = 1 - 1 / math.sqrt(5)
+    assert r["cosine_minus_outcome"] == pytest.approx(gap / 4)
+    sd = math.sqrt((3 * (gap / 4) ** 2 + (gap - gap / 4) ** 2) / 3)
+    assert r["cosine_minus_outcome_se"] == pytest.approx(sd / 2)
+    assert r["cosine_minus_outcome_t"] == pytest.approx((gap / 4) / (sd / 2))
     assert got["cosine_of_means"]["outcome"]["copy"] == pytest.approx(1.0) and got["batches"] == 4
 
 
