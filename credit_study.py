@@ -433,7 +433,8 @@ CONSTRUCTIONS = {
 }
 
 
-def policy_gradients(run_dir: Path | None, batches: int, seed: int = 0, at_start: bool = False) -> tuple[dict, int]:
+def policy_gradients(run_dir: Path | None, batches: int, seed: int = 0, at_start: bool = False,
+                     cache_dir: str = ".cache") -> tuple[dict, int]:
     """({construction: (batches, parameters) float32 gradients of Eq. 6 at rho = 1}, checkpoint step).
 
     The task (operations, slip, length) and the filter are the run's; the policy and the PRM are its
@@ -447,6 +448,7 @@ def policy_gradients(run_dir: Path | None, batches: int, seed: int = 0, at_start
     flags = [] if not run_dir else ["--toy-ops", config["toy_ops"], "--toy-slip", str(config["toy_slip"]),
                                     "--max-response-len", str(config["max_response_len"]),
                                     "--filter-low", str(config["filter_low"]), "--filter-high", str(config["filter_high"])]
+    flags += ["--cache-dir", cache_dir]  # where a start that is not shipped was built
     base = train_config([*flags, "--no-prm-online", "--seed", str(seed)])
     models = run_models.build_models(base, d)
     step = 0
@@ -560,7 +562,7 @@ def gradients_main(args) -> None:
     run_dirs = list(map(Path, args.gradients))
     # the SFT start of the first run's task (the default task without a run), then each run's end
     for run_dir, at_start in [(run_dirs[0] if run_dirs else None, True), *((r, False) for r in run_dirs)]:
-        grads, step = policy_gradients(run_dir, args.gradient_batches, at_start=at_start)
+        grads, step = policy_gradients(run_dir, args.gradient_batches, at_start=at_start, cache_dir=args.cache_dir)
         task = f" ({run_dir.name.rsplit('-s', 1)[0]}'s task)" if run_dir else ""
         name = f"SFT start{task}" if at_start else f"{run_dir.name} step {step}"
         results[name] = gradient_report(grads)
