@@ -114,10 +114,10 @@ CREDIT_ARMS = {
                           checker="step-e1"),
     "step-first-nf-e1": dict(flags=["--process", "step", "--step-scorer", "toy-first", *NO_FILTER, *E1],
                              baseline="outcome-nf", checker="step-nf-e1"),
-    # E4: the checker with noise of sd 0.7 on its 0/1 scores: a slip then stands out by 1/0.7 = 1.4
-    # noise widths, the implicit PRM's separation at gamma 1 in `sparser` (blame table)
-    "step-noise-e1": dict(flags=["--process", "step", "--step-noise", "0.7", *E1], baseline="outcome",
-                          checker="step-e1"),
+    # E4: the checker with noise of sd 1.4 on its 0/1 scores: a slip then stands out by 1/1.4 = 0.7
+    # noise widths, the implicit PRM's separation under E1 in `sparser` (its blame table)
+    "step-noise-nf-e1": dict(flags=["--process", "step", "--step-noise", "1.4", *NO_FILTER, *E1],
+                             baseline="outcome-nf", checker="step-nf-e1"),
     # E5: process rewards reach the mixed groups only, every group kept (where does the harm enter?)
     "implicit-nf-mixed-only": dict(flags=[*MIXED, "--process-groups", "mixed"], baseline="outcome-nf",
                                    checker="step-nf"),
@@ -166,7 +166,7 @@ CREDIT_LABELS = {
     "implicit-nf-mixed-e1": "PRIME, no filter, PRM on mixed, Eq. 5 form, process gamma 0.5",
     "step-first": "RLOO + checker of the first wrong line only", "step-first-e1": "... the same, Eq. 5 form, gamma 0.5",
     "step-first-nf-e1": "checker of the first wrong line only, no filter, Eq. 5 form, gamma 0.5",
-    "step-noise-e1": "step checker + noise sd 0.7, Eq. 5 form, gamma 0.5",
+    "step-noise-nf-e1": "step checker + noise sd 1.4, no filter, Eq. 5 form, gamma 0.5",
     "implicit-nf-mixed-only": "PRIME, no filter, PRM and process rewards on mixed groups only",
     "implicit-teacher": "PRIME, PRM started from the clean demonstrator",
 }
@@ -454,7 +454,6 @@ def policy_gradients(run_dir: Path | None, batches: int, seed: int = 0, at_start
     step = 0
     if run_dir and not at_start:
         step = runlog.load_checkpoint(run_dir, models, d)
-    models.step_scorer = step_prm.load_step_scorer("toy", d.device, base.step_separator)
     tokenizer, policy = models.tokenizer, models.policy
     sampler = HFRollout(policy, tokenizer, base.max_response_len, base.temperature, base.top_p)
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -462,6 +461,7 @@ def policy_gradients(run_dir: Path | None, batches: int, seed: int = 0, at_start
     # each construction's train.py configuration; the PRM is read, never updated
     configs = {name: train_config([*flags, *([] if "--process" in extra else ["--no-prm-online"]), *extra])
                for name, extra in CONSTRUCTIONS.items()}
+    scorers = {spec: step_prm.load_step_scorer(spec, d.device) for spec in step_prm.TOY_SCORERS}
     torch.manual_seed(seed)
     for k in range(batches):
         tasks = train.step_prompts(base, [], tokenizer, 1_000_000 + k, d)  # prompts no run trained on
@@ -474,6 +474,7 @@ def policy_gradients(run_dir: Path | None, batches: int, seed: int = 0, at_start
         formats = torch.tensor([scores[i].format for i in b.rows.tolist()], dtype=torch.float32)
         logp = microbatch.response_logprobs(policy, b.ro, base.temperature)
         for name, args in configs.items():
+            models.step_scorer = scorers[args.step_scorer]  # each construction's own checker
             signal, _, step_ids, _ = train.process_signal(args, models, b, None, logp_ref, d, k)
             process = train.process_rewards(args, signal, step_ids, b.mask, b.outcome)
             adv, *_ = train.advantages(args, models, b, process, signal, step_ids, formats)
