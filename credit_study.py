@@ -321,8 +321,9 @@ def blame_stats(episodes: list[dict], after_step: int) -> dict:
             "clean_reward": mean(clean_lines), "clean_sd": clean_sd, "separation": separation}
 
 
-def blame_report(arms: list[str], runs: dict, after_step: int = 60) -> str:
-    """The Markdown table of blame_stats for the seeds' kept wrong responses, per arm with a PRM."""
+def blame_report(arms: list[str], runs: dict, after_step: int = 60, kept: dict | None = None) -> str:
+    """The Markdown table of blame_stats for the seeds' kept wrong responses, per arm with a PRM; each
+    arm's blame_stats also go into `kept` (credit.json keeps them beside the accuracies)."""
     lines = [f"| arm | wrong responses read (steps > {after_step}) | slips per response | most negative line: the first "
              "slip / any slip | batch normaliser / a response's own largest return-to-go | raw reward of a line: "
              "slipped / clean (sd) | separation (clean - slip) / sd |", "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -335,6 +336,8 @@ def blame_report(arms: list[str], runs: dict, after_step: int = 60) -> str:
         if not episodes:
             continue
         b = blame_stats(episodes, after_step)
+        if kept is not None:
+            kept[arm] = {**b, "after_step": after_step}
         implicit = config.get("process") == "implicit"
         norm = f"{b['normaliser']:.1f} / {b['own']:.1f}" if implicit and config.get("process_norm") == "batch" else "n/a"
         raw = (f"{b['slip_reward']:+.2f} / {b['clean_reward']:+.2f} ({b['clean_sd']:.2f}) | {b['separation']:.1f}"
@@ -415,7 +418,10 @@ def credit_main(args) -> None:
         print(f"\n## credit: {setting} ({' '.join(SETTINGS[setting]) or 'the default task'}; {plot_path})\n")
         print(text)
         print(f"\nWhere the process reward blames the wrong responses ({setting}):\n")
-        print(blame_report(arms, runs))
+        blame = {}
+        print(blame_report(arms, runs, kept=blame))
+        for arm, b in blame.items():
+            stats[arm]["blame"] = b
         results[setting] = {**old.get(setting, {}), **stats}  # arms of other calls stay
     merge_json(figures / "credit.json", results)
 
