@@ -158,7 +158,7 @@ def test_slipped_lines_are_the_lines_whose_arithmetic_is_wrong():
     assert credit_study.slipped_lines("7+5=13\nnonsense\n\\boxed{9}") == [True, False, False]
 
 
-def test_blame_stats_by_hand():
+def test_blame_stats_by_hand(tmp_path):
     # wrong, two slips (lines 1 and 2), most negative line 2: a slip, not the first one.
     # raw rewards on the tokens with |raw| > 0.3 are 10x what the estimator received: normaliser 10.
     a = {"step": 5, "outcome": 0.0, "response": "7+5=12\n12*3=35\n35-4=30\n\\boxed{30}",
@@ -181,6 +181,18 @@ def test_blame_stats_by_hand():
     assert got["clean_sd"] == pytest.approx(0.05)
     assert got["separation"] == pytest.approx((0.05 + 2.3 / 3) / 0.05)
     assert np.isnan(credit_study.blame_stats([right], after_step=0)["first"])
+    # blame_report reads the runs' episodes.jsonl and keeps each PRM arm's statistics (credit.json)
+    runs = {}
+    for arm, process in (("implicit", "implicit"), ("outcome", "none")):
+        (tmp_path / arm).mkdir()
+        (tmp_path / arm / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in (a, b, right)))
+        runs[arm] = [{"config": {"process": process, "process_norm": "batch"}, "dir": str(tmp_path / arm)}]
+    kept = {}
+    table = credit_study.blame_report(list(runs), runs, after_step=2, kept=kept)
+    assert set(kept) == {"implicit"} and kept["implicit"]["after_step"] == 2  # outcome-only has no PRM to read
+    assert {k: v for k, v in kept["implicit"].items() if k != "after_step"} == \
+        credit_study.blame_stats([a, b, right], after_step=2)
+    assert "| 2 | 1.50 | 0.50 / 1.00 | 7.5 / 0.8 |" in table
 
 
 def test_an_arm_with_fewer_seeds_is_compared_seed_for_seed(tmp_path):
