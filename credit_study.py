@@ -121,6 +121,17 @@ CREDIT_ARMS = {
     # E5: process rewards reach the mixed groups only, every group kept (where does the harm enter?)
     "implicit-nf-mixed-only": dict(flags=[*MIXED, "--process-groups", "mixed"], baseline="outcome-nf",
                                    checker="step-nf"),
+    # ... and E5 under E1's construction, where E1's implicit PRM lost (sparser): is the harm its rewards
+    # in the all-wrong groups, which it never learns from?
+    "implicit-nf-mixed-only-e1": dict(flags=[*MIXED, "--process-groups", "mixed", *E1], baseline="outcome-nf",
+                                      checker="step-nf-e1"),
+    # E2, scale: E1's construction with the raw beta x log-ratio rewards, not divided by the batch's
+    # largest |return-to-go| (57 against a response's own 3.1 at the end of sparser's E1 runs)
+    "implicit-nf-mixed-raw-e1": dict(flags=[*MIXED, "--process-norm", "beta", *E1], baseline="outcome-nf",
+                                     checker="step-nf-e1"),
+    # E1 with a longer process horizon: process gamma 0.9 (a slip's penalty reaches ~10 tokens back)
+    "implicit-nf-mixed-e1-0.9": dict(flags=[*MIXED, "--rloo-form", "paper", "--process-gamma", "0.9"],
+                                     baseline="outcome-nf", checker="step-nf-e1"),
     # E7: the PRM starts from the clean demonstrator (a prover other than the policy); reference: the SFT
     "implicit-teacher": dict(flags=["--prm-init", "teacher"], baseline="outcome", checker="step"),
     "outcome-nf-lr1e-4": dict(flags=["--process", "none", *NO_FILTER, "--policy-lr", "1e-4"],
@@ -169,6 +180,9 @@ CREDIT_LABELS = {
     "step-noise-nf-e1": "step checker + noise sd 1.4, no filter, Eq. 5 form, gamma 0.5",
     "implicit-nf-mixed-only": "PRIME, no filter, PRM and process rewards on mixed groups only",
     "implicit-teacher": "PRIME, PRM started from the clean demonstrator",
+    "implicit-nf-mixed-only-e1": "PRIME, no filter, process rewards on mixed groups only, Eq. 5 form, gamma 0.5",
+    "implicit-nf-mixed-raw-e1": "PRIME, no filter, PRM on mixed, raw rewards, Eq. 5 form, gamma 0.5",
+    "implicit-nf-mixed-e1-0.9": "PRIME, no filter, PRM on mixed, Eq. 5 form, process gamma 0.9",
 }
 # What `python credit_study.py` runs in each setting (3 seeds each); the rest of CREDIT_ARMS are
 # there to be run with --arms. The dense settings get the three process sources with PRIME's filter;
