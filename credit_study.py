@@ -450,6 +450,9 @@ CONSTRUCTIONS = {
     "step-e1": ["--process", "step", "--rloo-form", "paper", "--process-gamma", "0.5"],
     "step-first-e1": ["--process", "step", "--step-scorer", "toy-first", "--rloo-form", "paper",
                       "--process-gamma", "0.5"],                          # E3: where, not how many
+    # E4: the checker with independent noise as large as the implicit PRM's (sd 1.4: a slip stands out by
+    # 0.7 noise widths in sparser); noise of that size averages out over batches, a bias would not
+    "step-noise-e1": ["--process", "step", "--step-noise", "1.4", "--rloo-form", "paper", "--process-gamma", "0.5"],
 }
 
 

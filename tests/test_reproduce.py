@@ -276,6 +276,8 @@ def test_policy_gradients_at_the_start_the_implicit_prm_adds_nothing(cache_dir):
     assert not np.allclose(grads["step"], grads["outcome"], atol=1e-4)
     # the checker of the first wrong line is its own construction (a later slip scores 1 there)
     assert not np.allclose(grads["step-first-e1"], grads["step-e1"], atol=1e-6)
+    # E4's noise reaches the gradient (and is drawn afresh for each batch)
+    assert not np.allclose(grads["step-noise-e1"], grads["step-e1"], atol=1e-6)
 
 
 def test_paired_from_json_reads_every_arm_against_its_baseline():
