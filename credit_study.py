@@ -603,19 +603,32 @@ def gradients_main(args) -> None:
             f"{c}/{o} {v:.2f}" for c, row in results[name]["cosine_of_means"].items() for o, v in row.items() if c < o))
     figures = Path(args.figures)
     merge_json(figures / "gradients.json", results)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for i, (name, r) in enumerate(results.items()):
+    print(f"\n{plot_gradients(json.loads((figures / 'gradients.json').read_text()), figures)}")
+
+
+def plot_gradients(results: dict, figures: Path) -> Path:
+    """gradients.png from gradients.json: every recorded checkpoint, each construction's batch cosine to
+    outcome-only's mean, its per-batch SNR, and the cosine of its mean gradient with outcome-only's."""
+    def step(name):  # "SFT start (...)" first, then "<run> step N" by N
+        return int(name.rsplit(" ", 1)[1]) if " step " in name else 0
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 3.8))
+    for i, (name, r) in enumerate(sorted(results.items(), key=lambda kv: step(kv[0]))):
         cs = list(r["per_construction"])
         x = np.arange(len(cs)) + 0.8 * i / len(results) - 0.3
-        axes[0].bar(x, [r["per_construction"][c]["cosine_to_outcome_mean"] for c in cs], 0.8 / len(results),
+        width = 0.8 / len(results)
+        axes[0].bar(x, [r["per_construction"][c]["cosine_to_outcome_mean"] for c in cs], width,
                     yerr=[r["per_construction"][c]["cosine_to_outcome_mean_se"] for c in cs], label=name)
-        axes[1].bar(x, [r["per_construction"][c]["snr"] for c in cs], 0.8 / len(results), label=name)
+        axes[1].bar(x, [r["per_construction"][c]["snr"] for c in cs], width, label=name)
+        axes[2].bar(x, [r["cosine_of_means"][c]["outcome"] for c in cs], width, label=name)
+    axes[2].set_ylim(0.5, 1.02)
     for ax, title in zip(axes, ("one batch's gradient: cosine to outcome-only's mean (other half)",
-                                "one batch's signal-to-noise |E g|^2 / E|g - E g|^2")):
-        ax.set_xticks(range(len(CONSTRUCTIONS)), list(CONSTRUCTIONS), fontsize=8)
+                                "one batch's signal-to-noise |E g|^2 / E|g - E g|^2",
+                                "the mean gradient: cosine with outcome-only's mean")):
+        ax.set_xticks(range(len(cs)), cs, fontsize=7, rotation=20)  # every checkpoint has the same ones
         ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=8)
-    print(f"\n{save_figure(fig, figures, 'gradients')}")
+        ax.legend(fontsize=7, loc="lower left" if ax is axes[2] else "upper right")
+    return save_figure(fig, figures, "gradients")
 
 
 if __name__ == "__main__":

@@ -289,3 +289,15 @@ def test_paired_from_json_reads_every_arm_against_its_baseline():
     assert "| sparse | RLOO + step checker, no filter | 2 | +0.060 (t 6.0, 2/2 up; too few seeds) |" in text
     assert "| sparse | PRIME, no filter, PRM on mixed groups | 1 | -0.010 (one seed) |" in text
     assert "outcome-only" not in text  # the baseline itself has no row
+
+
+def test_plot_gradients_draws_every_recorded_checkpoint_from_the_json(tmp_path):
+    """gradients.png is redrawn from gradients.json alone (the cosines of the means read both ways)."""
+    def checkpoint(cos):
+        per = {c: {"cosine_to_outcome_mean": 0.2, "cosine_to_outcome_mean_se": 0.01, "snr": 0.1}
+               for c in ("outcome", "implicit")}
+        return {"per_construction": per, "cosine_of_means": {"outcome": {"outcome": 1.0, "implicit": cos},
+                                                             "implicit": {"outcome": cos, "implicit": 1.0}}}
+    recorded = {"SFT start": checkpoint(1.0), "run-s1 step 70": checkpoint(0.8), "run-s1 step 20": checkpoint(0.7)}
+    path = credit_study.plot_gradients(recorded, tmp_path)
+    assert path == tmp_path / "gradients.png" and path.stat().st_size > 0
