@@ -613,10 +613,10 @@ def plot_gradients(results: dict, figures: Path) -> Path:
         return int(name.rsplit(" ", 1)[1]) if " step " in name else 0
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 3.8))
+    width = 0.8 / len(results)
     for i, (name, r) in enumerate(sorted(results.items(), key=lambda kv: step(kv[0]))):
         cs = list(r["per_construction"])
-        x = np.arange(len(cs)) + 0.8 * i / len(results) - 0.3
-        width = 0.8 / len(results)
+        x = np.arange(len(cs)) + width * i - 0.3
         axes[0].bar(x, [r["per_construction"][c]["cosine_to_outcome_mean"] for c in cs], width,
                     yerr=[r["per_construction"][c]["cosine_to_outcome_mean_se"] for c in cs], label=name)
         axes[1].bar(x, [r["per_construction"][c]["snr"] for c in cs], width, label=name)

@@ -292,7 +292,7 @@ def test_paired_from_json_reads_every_arm_against_its_baseline():
 
 
 def test_plot_gradients_draws_every_recorded_checkpoint_from_the_json(tmp_path):
-    """gradients.png is redrawn from gradients.json alone (the cosines of the means read both ways)."""
+    """gradients.png is redrawn from gradients.json alone, whatever order its checkpoints were recorded in."""
     def checkpoint(cos):
         per = {c: {"cosine_to_outcome_mean": 0.2, "cosine_to_outcome_mean_se": 0.01, "snr": 0.1}
                for c in ("outcome", "implicit")}
