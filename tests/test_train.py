@@ -26,18 +26,18 @@ from conftest import SFT_STEPS
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_train(args, cache_dir, out_dir, timeout=600, torchrun=0):
-    return finish(start_train(args, cache_dir, out_dir, torchrun), timeout)
+def run_train(args, cache_dir, out_dir, timeout=600, torchrun=0, script="train.py"):
+    return finish(start_train(args, cache_dir, out_dir, torchrun, script), timeout)
 
 
-def start_train(args, cache_dir, out_dir, torchrun=0) -> subprocess.Popen:
+def start_train(args, cache_dir, out_dir, torchrun=0, script="train.py") -> subprocess.Popen:
     """train.py (under torchrun with `torchrun` ranks) in the background, one thread a process: two
     such runs at a time share 2 cores without oversubscribing them, so the tests start their runs
     together where they can. Every run a test compares with another has the same thread count."""
-    cmd = [sys.executable, str(REPO / "train.py")]
+    cmd = [sys.executable, str(REPO / script)]
     if torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={torchrun}",
-               "--master_port", "29533", str(REPO / "train.py")]
+               "--master_port", "29533", str(REPO / script)]
     cmd += ["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--out-dir", str(out_dir),
             "--eval-problems", "16", "--prompts-per-step", "8", *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
@@ -152,7 +152,8 @@ def test_kill_and_resume_gives_the_same_metrics(cache_dir, tmp_path, capsys, mon
 def test_torchrun_two_ranks_with_uneven_filtering(cache_dir, tmp_path):
     """Rank 1 gets problems whose gold answer the model can never produce, rank 0 solvable ones, and
     the filter keeps only all-wrong groups ([0, 0]): rank 1 keeps every group, rank 0 only some, so
-    the ranks hold different numbers of micro-batches (and rank 0 sometimes none)."""
+    the ranks hold different numbers of micro-batches (and rank 0 sometimes none). The run goes through
+    tests/ddp_exit_probe.py: at exit no DDP model may outlive the process group (a hang otherwise)."""
     problems = toy_task.make_problems(16, seed=3)
     rows = []
     for i, p in enumerate(problems):  # rank r takes prompts r, r + 2, ... of each step
@@ -162,8 +163,9 @@ def test_torchrun_two_ranks_with_uneven_filtering(cache_dir, tmp_path):
     proc = run_train(["--steps", "3", "--run-name", "ddp", "--data", str(data), "--prompt-key", "q",
                       "--answer-key", "a", "--user-suffix", "", "--eval-problems", "2",
                       "--prompts-per-step", "4", "--micro-batch-size", "2", "--filter-low", "0.0",
-                      "--filter-high", "0.0"], cache_dir, tmp_path, torchrun=2)
+                      "--filter-high", "0.0"], cache_dir, tmp_path, torchrun=2, script="tests/ddp_exit_probe.py")
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count("DDP models alive at destroy_process_group: 0") == 2, proc.stdout[-2000:]
     metrics = metrics_of(tmp_path / "ddp")
     assert len(metrics) == 3
     assert any(m["kept_groups_per_rank"][0] != m["kept_groups_per_rank"][1] for m in metrics), metrics
