@@ -132,6 +132,21 @@ CREDIT_ARMS = {
     # E1 with a longer process horizon: process gamma 0.9 (a slip's penalty reaches ~10 tokens back)
     "implicit-nf-mixed-e1-0.9": dict(flags=[*MIXED, "--rloo-form", "paper", "--process-gamma", "0.9"],
                                      baseline="outcome-nf", checker="step-nf-e1"),
+    # E6, samples per prompt, at the same 128 responses a step: K = 2 (64 prompts) and K = 8 (16 prompts),
+    # each with its own outcome-only baseline (a smaller K gives RLOO's baseline one or a few peers);
+    # no checker ran at these K, so no share of its gain (the checker named is the arm itself)
+    "outcome-nf-k2": dict(flags=["--process", "none", *NO_FILTER, "--n-samples", "2", "--prompts-per-step", "64"],
+                          baseline="outcome-nf-k2", checker="outcome-nf-k2"),
+    "implicit-nf-mixed-e1-k2": dict(flags=[*MIXED, *E1, "--n-samples", "2", "--prompts-per-step", "64"],
+                                    baseline="outcome-nf-k2", checker="implicit-nf-mixed-e1-k2"),
+    "outcome-nf-k8": dict(flags=["--process", "none", *NO_FILTER, "--n-samples", "8", "--prompts-per-step", "16"],
+                          baseline="outcome-nf-k8", checker="outcome-nf-k8"),
+    "implicit-nf-mixed-e1-k8": dict(flags=[*MIXED, *E1, "--n-samples", "8", "--prompts-per-step", "16"],
+                                    baseline="outcome-nf-k8", checker="implicit-nf-mixed-e1-k8"),
+    # E7 under E1 in sparser: the PRM starts from the setting's clean demonstrator (slip 0, the teacher's
+    # recipe), the reference and the policy from the SFT: a prover other than the policy (Setlur et al.)
+    "implicit-nf-mixed-e1-teacher": dict(flags=[*MIXED, *E1, "--prm-init", "teacher"], baseline="outcome-nf",
+                                         checker="step-nf-e1"),
     # E7: the PRM starts from the clean demonstrator (a prover other than the policy); reference: the SFT
     "implicit-teacher": dict(flags=["--prm-init", "teacher"], baseline="outcome", checker="step"),
     "outcome-nf-lr1e-4": dict(flags=["--process", "none", *NO_FILTER, "--policy-lr", "1e-4"],
@@ -183,6 +198,11 @@ CREDIT_LABELS = {
     "implicit-nf-mixed-only-e1": "PRIME, no filter, process rewards on mixed groups only, Eq. 5 form, gamma 0.5",
     "implicit-nf-mixed-raw-e1": "PRIME, no filter, PRM on mixed, raw rewards, Eq. 5 form, gamma 0.5",
     "implicit-nf-mixed-e1-0.9": "PRIME, no filter, PRM on mixed, Eq. 5 form, process gamma 0.9",
+    "outcome-nf-k2": "outcome-only RLOO, no filter, 2 samples x 64 prompts",
+    "implicit-nf-mixed-e1-k2": "PRIME-E1, no filter, PRM on mixed, 2 samples x 64 prompts",
+    "outcome-nf-k8": "outcome-only RLOO, no filter, 8 samples x 16 prompts",
+    "implicit-nf-mixed-e1-k8": "PRIME-E1, no filter, PRM on mixed, 8 samples x 16 prompts",
+    "implicit-nf-mixed-e1-teacher": "PRIME-E1, no filter, PRM on mixed, PRM started from the clean demonstrator",
 }
 # What `python credit_study.py` runs in each setting (3 seeds each); the rest of CREDIT_ARMS are
 # there to be run with --arms. The dense settings get the three process sources with PRIME's filter;

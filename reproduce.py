@@ -83,8 +83,9 @@ def load_finished(out: str, name: str, seeds: list[int]) -> list[dict]:
 
 
 def run_all(jobs: list[tuple], args, what: str) -> None:
-    """Every (name, seed, flags) job through run_arm, args.jobs at a time, threads split between them."""
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    """Every (name, seed, flags) job through run_arm, args.jobs at a time, threads split between them
+    (OMP_NUM_THREADS wins where it is set, as in train.py: e.g. 1 while something else uses a core)."""
+    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // args.jobs))
     t = time.time()
     print(f"{len(jobs)} runs ({what} x {len(args.seeds)} seeds), {args.jobs} at a time", flush=True)
     with ThreadPoolExecutor(args.jobs) as pool:
