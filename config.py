@@ -364,7 +364,7 @@ def check_args(args: Args) -> None:
     if args.rollout == "vllm":
         if importlib.util.find_spec("vllm") is None:
             bad("--rollout vllm: vLLM is not installed (see the README's vLLM section), or use --rollout hf")
-    if not args.prm_online and not args.prm_warmup_steps:
+    if not args.prm_online and not args.prm_warmup_steps and not args.prm_init:
         print("warning: --no-prm-online without --prm-warmup-steps: the PRM stays equal to the reference and "
               "every implicit reward is 0")
     if args.process == "implicit" and args.filter_low <= 0 and args.filter_high >= 1 and args.policy_lr >= 1e-4:

@@ -147,6 +147,10 @@ CREDIT_ARMS = {
     # recipe), the reference and the policy from the SFT: a prover other than the policy (Setlur et al.)
     "implicit-nf-mixed-e1-teacher": dict(flags=[*MIXED, *E1, "--prm-init", "teacher"], baseline="outcome-nf",
                                          checker="step-nf-e1"),
+    # ... and its control: the same start, never trained on outcomes (--no-prm-online): the reward is
+    # beta log(pi_teacher / pi_SFT) throughout, what the clean demonstrator alone tells
+    "implicit-nf-e1-teacher-frozen": dict(flags=[*NO_FILTER, *E1, "--prm-init", "teacher", "--no-prm-online"],
+                                          baseline="outcome-nf", checker="step-nf-e1"),
     # E7: the PRM starts from the clean demonstrator (a prover other than the policy); reference: the SFT
     "implicit-teacher": dict(flags=["--prm-init", "teacher"], baseline="outcome", checker="step"),
     "outcome-nf-lr1e-4": dict(flags=["--process", "none", *NO_FILTER, "--policy-lr", "1e-4"],
@@ -203,6 +207,7 @@ CREDIT_LABELS = {
     "outcome-nf-k8": "outcome-only RLOO, no filter, 8 samples x 16 prompts",
     "implicit-nf-mixed-e1-k8": "PRIME-E1, no filter, PRM on mixed, 8 samples x 16 prompts",
     "implicit-nf-mixed-e1-teacher": "PRIME-E1, no filter, PRM on mixed, PRM started from the clean demonstrator",
+    "implicit-nf-e1-teacher-frozen": "... the same start, the PRM never trained (beta log pi_teacher / pi_SFT)",
 }
 # What `python credit_study.py` runs in each setting (3 seeds each); the rest of CREDIT_ARMS are
 # there to be run with --arms. The dense settings get the three process sources with PRIME's filter;
