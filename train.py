@@ -626,11 +626,12 @@ def main(argv=None):
                   "step_seconds": {k: v / n_steps for k, v in phase_totals.items()}, "eval_seconds": eval_seconds}
         write_summary(run_dir, args, start, end, timing, len(eval_tasks))
     barrier(d)  # every rank leaves together, after rank 0's summary
-    # DDP's reducers hold the process group too. Freed after destroy_process_group, the last one would
-    # free gloo's group holding the GIL while gloo's threads may wait for it: a hang at exit (pytorch#56297).
-    # So the DDP models go first (gc.collect for any in a cycle), and the group's last owner frees it.
-    del models
-    gc.collect()
+    if d.world > 1:
+        # DDP's reducers hold the process group too. Freed after destroy_process_group, the last one would
+        # free gloo's group holding the GIL while gloo's threads may wait for it: a hang at exit
+        # (pytorch#56297). So the DDP models go first (gc.collect for any in a cycle), then the group.
+        del models
+        gc.collect()
     if args.rollout == "vllm":
         sampler.close()  # vLLM's shutdown destroys its process groups, the default one included
     elif d.world > 1:
