@@ -6,6 +6,7 @@ change of every parameter under SGD with lr 1 (= minus the gradient) and the log
     python -m torch.distributed.run --nproc_per_node=2 tests/microbatch_ddp_worker.py BATCH.pt OUT.pt
 """
 
+import gc
 import sys
 from pathlib import Path
 
@@ -26,34 +27,40 @@ CASES = {
 }
 
 
+def run_case(saved: dict, rows0, rows1, flags: dict, d) -> dict:
+    """One case's optimizer step; its DDP model dies with this call (see main)."""
+    from transformers import AutoModelForCausalLM
+    ro, logp_old, adv, temperature = saved["rollout"], saved["logp_old"], saved["adv"], saved["temperature"]
+    model = AutoModelForCausalLM.from_pretrained(saved["model"], dtype=torch.float64)
+    start = [p.detach().clone() for p in model.parameters()]
+    wrapped = ddp.wrap_ddp(model, d)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=1.0)
+    rows = torch.tensor(list(rows0 if d.rank == 0 else rows1), dtype=torch.long)
+    n_rows = len(rows)
+    if n_rows == 0:  # as train.filter_groups does: a placeholder row that carries no gradient
+        rows = torch.tensor([0])
+    mine, mask = ro.select(rows), ro.response_mask[rows].double()
+    args = config.Args(**{"max_tokens_per_micro_batch": 0, **flags})
+
+    def loss_fn(mb):
+        logp = microbatch.response_logprobs(wrapped, mb.rollout(mine), temperature)
+        return prime.ppo_clip_loss(logp, mb.of(logp_old[rows]), mb.of(adv[rows]), mb.of(mask), 0.2)
+
+    plan = microbatch.plan_update(mine, n_rows, args, d)
+    losses = microbatch.run_update(wrapped, optimizer, loss_fn, lambda mb: float(mb.of(mask).sum()), plan, args, d, 1e9)
+    return dict(delta=[p.detach() - s for p, s in zip(model.parameters(), start)], losses=losses,
+                micro_batches=len(plan[0]))
+
+
 def main(batch_path: str, out_path: str) -> None:
     d = ddp.setup_distributed()
     saved = torch.load(batch_path, weights_only=False)
-    ro, logp_old, adv, temperature = saved["rollout"], saved["logp_old"], saved["adv"], saved["temperature"]
-    from transformers import AutoModelForCausalLM
-    results = {}
-    for name, (rows0, rows1, flags) in CASES.items():
-        model = AutoModelForCausalLM.from_pretrained(saved["model"], dtype=torch.float64)
-        start = [p.detach().clone() for p in model.parameters()]
-        wrapped = ddp.wrap_ddp(model, d)
-        optimizer = torch.optim.SGD(wrapped.parameters(), lr=1.0)
-        rows = torch.tensor(list(rows0 if d.rank == 0 else rows1), dtype=torch.long)
-        n_rows = len(rows)
-        if n_rows == 0:  # as train.filter_groups does: a placeholder row that carries no gradient
-            rows = torch.tensor([0])
-        mine, mask = ro.select(rows), ro.response_mask[rows].double()
-        args = config.Args(**{"max_tokens_per_micro_batch": 0, **flags})
-
-        def loss_fn(mb):
-            logp = microbatch.response_logprobs(wrapped, mb.rollout(mine), temperature)
-            return prime.ppo_clip_loss(logp, mb.of(logp_old[rows]), mb.of(adv[rows]), mb.of(mask), 0.2)
-
-        plan = microbatch.plan_update(mine, n_rows, args, d)
-        losses = microbatch.run_update(wrapped, optimizer, loss_fn, lambda mb: float(mb.of(mask).sum()), plan, args, d, 1e9)
-        results[name] = dict(delta=[p.detach() - s for p, s in zip(model.parameters(), start)], losses=losses,
-                             micro_batches=len(plan[0]))
+    results = {name: run_case(saved, rows0, rows1, flags, d) for name, (rows0, rows1, flags) in CASES.items()}
     if d.rank == 0:
         torch.save(results, out_path)
+    # As at the end of train.py: no DDP model may outlive the process group, or freeing it frees gloo's
+    # group holding the GIL and the exit can hang (pytorch#56297). run_case's models are gone; collect cycles.
+    gc.collect()
     dist.destroy_process_group()
 
 
