@@ -57,8 +57,8 @@ SETTINGS = {
     "sparser": ["--toy-ops", "8-10", "--toy-slip", "0.3", "--max-response-len", "128", *MICRO],
 }
 NO_FILTER = ["--filter-low", "0", "--filter-high", "1"]  # all-wrong groups stay: they can carry a process signal
-MIXED = [*NO_FILTER, "--prm-groups", "mixed"]
-E1 = ["--rloo-form", "paper", "--process-gamma", "0.5"]  # issue 29's local credit: Eq. 5, the outcome undiscounted  # ...but the implicit PRM learns from the mixed groups only
+MIXED = [*NO_FILTER, "--prm-groups", "mixed"]  # ...but the implicit PRM learns from the mixed groups only
+E1 = ["--rloo-form", "paper", "--process-gamma", "0.5"]  # issue 29's local credit: Eq. 5, the outcome undiscounted
 # Each arm: flags, the outcome-only arm its gain is measured against (same filter, same lr), and the
 # exact-checker arm whose gain it is compared with (same advantage construction where one was run).
 CREDIT_ARMS = {
@@ -143,6 +143,15 @@ CREDIT_ARMS = {
                           baseline="outcome-nf-k8", checker="outcome-nf-k8"),
     "implicit-nf-mixed-e1-k8": dict(flags=[*MIXED, *E1, "--n-samples", "8", "--prompts-per-step", "16"],
                                     baseline="outcome-nf-k8", checker="implicit-nf-mixed-e1-k8"),
+    # E5 at two more policy lrs, each against outcome-only at its own lr (no checker ran at these lrs)
+    "outcome-nf-lr3e-5": dict(flags=["--process", "none", *NO_FILTER, "--policy-lr", "3e-5"],
+                              baseline="outcome-nf-lr3e-5", checker="outcome-nf-lr3e-5"),
+    "implicit-nf-mixed-only-e1-lr3e-5": dict(flags=[*MIXED, "--process-groups", "mixed", *E1, "--policy-lr", "3e-5"],
+                                             baseline="outcome-nf-lr3e-5",
+                                             checker="implicit-nf-mixed-only-e1-lr3e-5"),
+    "implicit-nf-mixed-only-e1-lr1e-4": dict(flags=[*MIXED, "--process-groups", "mixed", *E1, "--policy-lr", "1e-4"],
+                                             baseline="outcome-nf-lr1e-4",
+                                             checker="implicit-nf-mixed-only-e1-lr1e-4"),
     # E7 under E1 in sparser: the PRM starts from the setting's clean demonstrator (slip 0, the teacher's
     # recipe), the reference and the policy from the SFT: a prover other than the policy (Setlur et al.)
     "implicit-nf-mixed-e1-teacher": dict(flags=[*MIXED, *E1, "--prm-init", "teacher"], baseline="outcome-nf",
@@ -205,6 +214,9 @@ CREDIT_LABELS = {
     "outcome-nf-k2": "outcome-only RLOO, no filter, 2 samples x 64 prompts",
     "implicit-nf-mixed-e1-k2": "PRIME-E1, no filter, PRM on mixed, 2 samples x 64 prompts",
     "outcome-nf-k8": "outcome-only RLOO, no filter, 8 samples x 16 prompts",
+    "outcome-nf-lr3e-5": "outcome-only RLOO, no filter, lr 3e-5",
+    "implicit-nf-mixed-only-e1-lr3e-5": "PRIME-E1, process rewards on mixed groups only, lr 3e-5",
+    "implicit-nf-mixed-only-e1-lr1e-4": "PRIME-E1, process rewards on mixed groups only, lr 1e-4",
     "implicit-nf-mixed-e1-k8": "PRIME-E1, no filter, PRM on mixed, 8 samples x 16 prompts",
     "implicit-nf-mixed-e1-teacher": "PRIME-E1, no filter, PRM on mixed, PRM started from the clean demonstrator",
     "implicit-nf-e1-teacher-frozen": "... the same start, the PRM never trained (beta log pi_teacher / pi_SFT)",
