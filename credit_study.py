@@ -132,7 +132,7 @@ CREDIT_ARMS = {
     # E1 with a longer process horizon: process gamma 0.9 (a slip's penalty reaches ~10 tokens back)
     "implicit-nf-mixed-e1-0.9": dict(flags=[*MIXED, "--rloo-form", "paper", "--process-gamma", "0.9"],
                                      baseline="outcome-nf", checker="step-nf-e1"),
-    # E6, samples per prompt, at the same 128 responses a step: K = 2 (64 prompts) and K = 8 (16 prompts),
+    # E6, samples per prompt, at the same 128 responses a step: K = 2 (64 prompts), 8 (16) and 16 (8),
     # each with its own outcome-only baseline (a smaller K gives RLOO's baseline one or a few peers);
     # no checker ran at these K, so no share of its gain (the checker named is the arm itself)
     "outcome-nf-k2": dict(flags=["--process", "none", *NO_FILTER, "--n-samples", "2", "--prompts-per-step", "64"],
@@ -143,6 +143,10 @@ CREDIT_ARMS = {
                           baseline="outcome-nf-k8", checker="outcome-nf-k8"),
     "implicit-nf-mixed-e1-k8": dict(flags=[*MIXED, *E1, "--n-samples", "8", "--prompts-per-step", "16"],
                                     baseline="outcome-nf-k8", checker="implicit-nf-mixed-e1-k8"),
+    "outcome-nf-k16": dict(flags=["--process", "none", *NO_FILTER, "--n-samples", "16", "--prompts-per-step", "8"],
+                           baseline="outcome-nf-k16", checker="outcome-nf-k16"),
+    "implicit-nf-mixed-e1-k16": dict(flags=[*MIXED, *E1, "--n-samples", "16", "--prompts-per-step", "8"],
+                                     baseline="outcome-nf-k16", checker="implicit-nf-mixed-e1-k16"),
     # E5 at two more policy lrs, each against outcome-only at its own lr (no checker ran at these lrs)
     "outcome-nf-lr3e-5": dict(flags=["--process", "none", *NO_FILTER, "--policy-lr", "3e-5"],
                               baseline="outcome-nf-lr3e-5", checker="outcome-nf-lr3e-5"),
@@ -218,6 +222,8 @@ CREDIT_LABELS = {
     "implicit-nf-mixed-only-e1-lr3e-5": "PRIME-E1, process rewards on mixed groups only, lr 3e-5",
     "implicit-nf-mixed-only-e1-lr1e-4": "PRIME-E1, process rewards on mixed groups only, lr 1e-4",
     "implicit-nf-mixed-e1-k8": "PRIME-E1, no filter, PRM on mixed, 8 samples x 16 prompts",
+    "outcome-nf-k16": "outcome-only RLOO, no filter, 16 samples x 8 prompts",
+    "implicit-nf-mixed-e1-k16": "PRIME-E1, no filter, PRM on mixed, 16 samples x 8 prompts",
     "implicit-nf-mixed-e1-teacher": "PRIME-E1, no filter, PRM on mixed, PRM started from the clean demonstrator",
     "implicit-nf-e1-teacher-frozen": "... the same start, the PRM never trained (beta log pi_teacher / pi_SFT)",
 }
