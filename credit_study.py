@@ -105,6 +105,8 @@ CREDIT_ARMS = {
     # ... and E1 where the checker gains most (sparser, no filter): all three under Eq. 5's form,
     # process gamma 0.5, the outcome undiscounted, against outcome-only without the filter.
     "step-nf-e1": dict(flags=["--process", "step", *NO_FILTER, *E1], baseline="outcome-nf", checker="step-nf-e1"),
+    "step-nf-e1-0.9": dict(flags=["--process", "step", *NO_FILTER, "--rloo-form", "paper", "--process-gamma", "0.9"],
+                           baseline="outcome-nf", checker="step-nf-e1-0.9"),
     "implicit-nf-mixed-e1": dict(flags=[*MIXED, *E1], baseline="outcome-nf", checker="step-nf-e1"),
     # E3, the most an outcome-trained PRM could tell: the checker marking only the first wrong line
     # (every wrong response then sums to the same score, as under an outcome-trained PRM's q_T)
@@ -114,6 +116,8 @@ CREDIT_ARMS = {
                           checker="step-e1"),
     "step-first-nf-e1": dict(flags=["--process", "step", "--step-scorer", "toy-first", *NO_FILTER, *E1],
                              baseline="outcome-nf", checker="step-nf-e1"),
+    "step-first-nf": dict(flags=["--process", "step", "--step-scorer", "toy-first", *NO_FILTER],
+                          baseline="outcome-nf", checker="step-nf"),
     # E4: the checker with noise of sd 1.4 on its 0/1 scores: a slip then stands out by 1/1.4 = 0.7
     # noise widths, the implicit PRM's separation under E1 in `sparser` (its blame table)
     "step-noise-nf-e1": dict(flags=["--process", "step", "--step-noise", "1.4", *NO_FILTER, *E1],
@@ -131,7 +135,7 @@ CREDIT_ARMS = {
                                      checker="step-nf-e1"),
     # E1 with a longer process horizon: process gamma 0.9 (a slip's penalty reaches ~10 tokens back)
     "implicit-nf-mixed-e1-0.9": dict(flags=[*MIXED, "--rloo-form", "paper", "--process-gamma", "0.9"],
-                                     baseline="outcome-nf", checker="step-nf-e1"),
+                                     baseline="outcome-nf", checker="step-nf-e1-0.9"),
     # E6, samples per prompt, at the same 128 responses a step: K = 2 (64 prompts), 8 (16) and 16 (8),
     # each with its own outcome-only baseline (a smaller K gives RLOO's baseline one or a few peers);
     # no checker ran at these K, so no share of its gain (the checker named is the arm itself)
@@ -209,6 +213,8 @@ CREDIT_LABELS = {
     "implicit-nf-mixed-e1": "PRIME, no filter, PRM on mixed, Eq. 5 form, process gamma 0.5",
     "step-first": "RLOO + checker of the first wrong line only", "step-first-e1": "... the same, Eq. 5 form, gamma 0.5",
     "step-first-nf-e1": "checker of the first wrong line only, no filter, Eq. 5 form, gamma 0.5",
+    "step-first-nf": "checker of the first wrong line only, no filter, gamma 1",
+    "step-nf-e1-0.9": "RLOO + step checker, no filter, Eq. 5 form, process gamma 0.9",
     "step-noise-nf-e1": "step checker + noise sd 1.4, no filter, Eq. 5 form, gamma 0.5",
     "implicit-nf-mixed-only": "PRIME, no filter, PRM and process rewards on mixed groups only",
     "implicit-teacher": "PRIME, PRM started from the clean demonstrator",
