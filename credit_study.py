@@ -59,6 +59,7 @@ SETTINGS = {
 NO_FILTER = ["--filter-low", "0", "--filter-high", "1"]  # all-wrong groups stay: they can carry a process signal
 MIXED = [*NO_FILTER, "--prm-groups", "mixed"]  # ...but the implicit PRM learns from the mixed groups only
 E1 = ["--rloo-form", "paper", "--process-gamma", "0.5"]  # issue 29's local credit: Eq. 5, the outcome undiscounted
+E5 = [*MIXED, "--process-groups", "mixed", *E1]  # E1, with process rewards in the mixed groups only
 # Each arm: flags, the outcome-only arm its gain is measured against (same filter, same lr), and the
 # exact-checker arm whose gain it is compared with (same advantage construction where one was run).
 CREDIT_ARMS = {
@@ -127,8 +128,7 @@ CREDIT_ARMS = {
                                    checker="step-nf"),
     # ... and E5 under E1's construction, where E1's implicit PRM lost (sparser): is the harm its rewards
     # in the all-wrong groups, which it never learns from?
-    "implicit-nf-mixed-only-e1": dict(flags=[*MIXED, "--process-groups", "mixed", *E1], baseline="outcome-nf",
-                                      checker="step-nf-e1"),
+    "implicit-nf-mixed-only-e1": dict(flags=E5, baseline="outcome-nf", checker="step-nf-e1"),
     # E2, scale: E1's construction with the raw beta x log-ratio rewards, not divided by the batch's
     # largest |return-to-go| (57 against a response's own 3.1 at the end of sparser's E1 runs)
     "implicit-nf-mixed-raw-e1": dict(flags=[*MIXED, "--process-norm", "beta", *E1], baseline="outcome-nf",
@@ -154,11 +154,9 @@ CREDIT_ARMS = {
     # E5 at two more policy lrs, each against outcome-only at its own lr (no checker ran at these lrs)
     "outcome-nf-lr3e-5": dict(flags=["--process", "none", *NO_FILTER, "--policy-lr", "3e-5"],
                               baseline="outcome-nf-lr3e-5", checker="outcome-nf-lr3e-5"),
-    "implicit-nf-mixed-only-e1-lr3e-5": dict(flags=[*MIXED, "--process-groups", "mixed", *E1, "--policy-lr", "3e-5"],
-                                             baseline="outcome-nf-lr3e-5",
+    "implicit-nf-mixed-only-e1-lr3e-5": dict(flags=[*E5, "--policy-lr", "3e-5"], baseline="outcome-nf-lr3e-5",
                                              checker="implicit-nf-mixed-only-e1-lr3e-5"),
-    "implicit-nf-mixed-only-e1-lr1e-4": dict(flags=[*MIXED, "--process-groups", "mixed", *E1, "--policy-lr", "1e-4"],
-                                             baseline="outcome-nf-lr1e-4",
+    "implicit-nf-mixed-only-e1-lr1e-4": dict(flags=[*E5, "--policy-lr", "1e-4"], baseline="outcome-nf-lr1e-4",
                                              checker="implicit-nf-mixed-only-e1-lr1e-4"),
     # E7 under E1 in sparser: the PRM starts from the setting's clean demonstrator (slip 0, the teacher's
     # recipe), the reference and the policy from the SFT: a prover other than the policy (Setlur et al.)
@@ -224,12 +222,12 @@ CREDIT_LABELS = {
     "outcome-nf-k2": "outcome-only RLOO, no filter, 2 samples x 64 prompts",
     "implicit-nf-mixed-e1-k2": "PRIME-E1, no filter, PRM on mixed, 2 samples x 64 prompts",
     "outcome-nf-k8": "outcome-only RLOO, no filter, 8 samples x 16 prompts",
-    "outcome-nf-lr3e-5": "outcome-only RLOO, no filter, lr 3e-5",
-    "implicit-nf-mixed-only-e1-lr3e-5": "PRIME-E1, process rewards on mixed groups only, lr 3e-5",
-    "implicit-nf-mixed-only-e1-lr1e-4": "PRIME-E1, process rewards on mixed groups only, lr 1e-4",
     "implicit-nf-mixed-e1-k8": "PRIME-E1, no filter, PRM on mixed, 8 samples x 16 prompts",
     "outcome-nf-k16": "outcome-only RLOO, no filter, 16 samples x 8 prompts",
     "implicit-nf-mixed-e1-k16": "PRIME-E1, no filter, PRM on mixed, 16 samples x 8 prompts",
+    "outcome-nf-lr3e-5": "outcome-only RLOO, no filter, lr 3e-5",
+    "implicit-nf-mixed-only-e1-lr3e-5": "PRIME-E1, process rewards on mixed groups only, lr 3e-5",
+    "implicit-nf-mixed-only-e1-lr1e-4": "PRIME-E1, process rewards on mixed groups only, lr 1e-4",
     "implicit-nf-mixed-e1-teacher": "PRIME-E1, no filter, PRM on mixed, PRM started from the clean demonstrator",
     "implicit-nf-e1-teacher-frozen": "... the same start, the PRM never trained (beta log pi_teacher / pi_SFT)",
 }

@@ -3,8 +3,8 @@ to print how many DistributedDataParallel models are alive when the process grou
 
 DDP's reducers hold the process group. If one outlives destroy_process_group, freeing it frees gloo's
 group while holding the GIL, and the process can hang at exit (pytorch#56297): train.py frees its DDP
-models first, so the count must be 0. (The hang itself is a race, 5 exits in 50 of a small two-rank script in one batch, 0 in 32 in another;
-the count is not.)"""
+models first, so the count must be 0. (The hang itself is a race: 5 exits in 50 of a small two-rank
+script in one batch, 0 in 32 in another; the count is not.)"""
 import gc
 import sys
 from pathlib import Path
