@@ -157,7 +157,17 @@ CREDIT_ARMS = {
     "implicit-nf-mixed-only-e1-lr3e-5": dict(flags=[*E5, "--policy-lr", "3e-5"], baseline="outcome-nf-lr3e-5",
                                              checker="implicit-nf-mixed-only-e1-lr3e-5"),
     "implicit-nf-mixed-only-e1-lr1e-4": dict(flags=[*E5, "--policy-lr", "1e-4"], baseline="outcome-nf-lr1e-4",
-                                             checker="implicit-nf-mixed-only-e1-lr1e-4"),
+                                             checker="step-nf-e1-lr1e-4"),
+    # ... PRIME-E1 with its rewards in every group at those lrs (do E5's mixed-only rewards still save
+    # points there?), and at lr 1e-4, where outcome-only gains 26 points, the checker and E7 under E1
+    "implicit-nf-mixed-e1-lr3e-5": dict(flags=[*MIXED, *E1, "--policy-lr", "3e-5"], baseline="outcome-nf-lr3e-5",
+                                        checker="implicit-nf-mixed-e1-lr3e-5"),
+    "implicit-nf-mixed-e1-lr1e-4": dict(flags=[*MIXED, *E1, "--policy-lr", "1e-4"], baseline="outcome-nf-lr1e-4",
+                                        checker="step-nf-e1-lr1e-4"),
+    "step-nf-e1-lr1e-4": dict(flags=["--process", "step", *NO_FILTER, *E1, "--policy-lr", "1e-4"],
+                              baseline="outcome-nf-lr1e-4", checker="step-nf-e1-lr1e-4"),
+    "implicit-nf-mixed-e1-teacher-lr1e-4": dict(flags=[*MIXED, *E1, "--prm-init", "teacher", "--policy-lr", "1e-4"],
+                                                baseline="outcome-nf-lr1e-4", checker="step-nf-e1-lr1e-4"),
     # E7 under E1 in sparser: the PRM starts from the setting's clean demonstrator (slip 0, the teacher's
     # recipe), the reference and the policy from the SFT: a prover other than the policy (Setlur et al.)
     "implicit-nf-mixed-e1-teacher": dict(flags=[*MIXED, *E1, "--prm-init", "teacher"], baseline="outcome-nf",
@@ -228,6 +238,10 @@ CREDIT_LABELS = {
     "outcome-nf-lr3e-5": "outcome-only RLOO, no filter, lr 3e-5",
     "implicit-nf-mixed-only-e1-lr3e-5": "PRIME-E1, process rewards on mixed groups only, lr 3e-5",
     "implicit-nf-mixed-only-e1-lr1e-4": "PRIME-E1, process rewards on mixed groups only, lr 1e-4",
+    "implicit-nf-mixed-e1-lr3e-5": "PRIME-E1, no filter, PRM on mixed, lr 3e-5",
+    "implicit-nf-mixed-e1-lr1e-4": "PRIME-E1, no filter, PRM on mixed, lr 1e-4",
+    "step-nf-e1-lr1e-4": "RLOO + step checker, no filter, E1, lr 1e-4",
+    "implicit-nf-mixed-e1-teacher-lr1e-4": "PRIME-E1, PRM from the clean demonstrator, lr 1e-4",
     "implicit-nf-mixed-e1-teacher": "PRIME-E1, no filter, PRM on mixed, PRM started from the clean demonstrator",
     "implicit-nf-e1-teacher-frozen": "... the same start, the PRM never trained (beta log pi_teacher / pi_SFT)",
 }
