@@ -240,8 +240,8 @@ CREDIT_LABELS = {
     "implicit-nf-mixed-only-e1-lr1e-4": "PRIME-E1, process rewards on mixed groups only, lr 1e-4",
     "implicit-nf-mixed-e1-lr3e-5": "PRIME-E1, no filter, PRM on mixed, lr 3e-5",
     "implicit-nf-mixed-e1-lr1e-4": "PRIME-E1, no filter, PRM on mixed, lr 1e-4",
-    "step-nf-e1-lr1e-4": "RLOO + step checker, no filter, E1, lr 1e-4",
-    "implicit-nf-mixed-e1-teacher-lr1e-4": "PRIME-E1, PRM from the clean demonstrator, lr 1e-4",
+    "step-nf-e1-lr1e-4": "RLOO + step checker, no filter, Eq. 5 form, gamma 0.5, lr 1e-4",
+    "implicit-nf-mixed-e1-teacher-lr1e-4": "PRIME-E1, no filter, PRM on mixed, from the clean demonstrator, lr 1e-4",
     "implicit-nf-mixed-e1-teacher": "PRIME-E1, no filter, PRM on mixed, PRM started from the clean demonstrator",
     "implicit-nf-e1-teacher-frozen": "... the same start, the PRM never trained (beta log pi_teacher / pi_SFT)",
 }
