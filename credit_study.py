@@ -151,7 +151,8 @@ CREDIT_ARMS = {
                            baseline="outcome-nf-k16", checker="outcome-nf-k16"),
     "implicit-nf-mixed-e1-k16": dict(flags=[*MIXED, *E1, "--n-samples", "16", "--prompts-per-step", "8"],
                                      baseline="outcome-nf-k16", checker="implicit-nf-mixed-e1-k16"),
-    # E5 at two more policy lrs, each against outcome-only at its own lr (no checker ran at these lrs)
+    # E5 at two more policy lrs, each against outcome-only at its own lr (the checker ran at 1e-4 only,
+    # below; an arm at 3e-5 names itself as its checker, so no share of a checker's gain)
     "outcome-nf-lr3e-5": dict(flags=["--process", "none", *NO_FILTER, "--policy-lr", "3e-5"],
                               baseline="outcome-nf-lr3e-5", checker="outcome-nf-lr3e-5"),
     "implicit-nf-mixed-only-e1-lr3e-5": dict(flags=[*E5, "--policy-lr", "3e-5"], baseline="outcome-nf-lr3e-5",
