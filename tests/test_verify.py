@@ -578,7 +578,11 @@ def _sandbox_leftovers() -> list[str]:
             continue
         if MINE in cwd or sandbox.SANDBOX_UID_BASE <= uid < sandbox.SANDBOX_UID_BASE + (1 << 22):
             found.append(f"pid {entry.name} (uid {uid}) in {cwd}")  # a test's own user: a sandboxed program
-    found += [str(p) for p in Path(tempfile.gettempdir()).glob(f"{MINE}*/verify-sandbox-*")]
+    for scratch in Path(tempfile.gettempdir()).glob(f"{MINE}*"):
+        try:  # a killed worker's directory is removed while we look: glob would raise here
+            found += [str(p) for p in scratch.iterdir() if p.name.startswith("verify-sandbox-")]
+        except FileNotFoundError:
+            continue
     return found
 
 
