@@ -142,7 +142,14 @@ def test_a_directory_bomb_neither_crashes_nor_stalls_score_batch(program):
                              [{"inputs": [""], "outputs": ["made"]}, CALL], ["code", "code"], timeout=TIMEOUT)
     assert time.monotonic() - start < 4 * TIMEOUT + 10
     assert got[1].reward == 1.0
-    leftovers = list(Path(tempfile.gettempdir()).glob(f"verify-worker-{os.getpid()}-*/verify-sandbox-*/d*"))
+    leftovers = []
+    for scratch in Path(tempfile.gettempdir()).glob(f"verify-worker-{os.getpid()}-*"):
+        try:  # a replaced worker's scratch is removed in the background: glob would raise if it vanished mid-walk
+            for box in scratch.iterdir():
+                if box.name.startswith("verify-sandbox-"):
+                    leftovers += [p for p in box.iterdir() if p.name.startswith("d")]
+        except FileNotFoundError:
+            continue
     assert leftovers == []
 
 
@@ -246,7 +253,10 @@ def test_a_walk_of_the_filesystem_finds_no_data():
     program = ("import os\nmine = {'SOURCES.md', 'REPRODUCTION.md', 'PRIME.md', 'model.safetensors', 'SHA256SUMS'}\n"
                "found = [os.path.join(d, f) for d, _, fs in os.walk('/') for f in fs\n"
                "         if f in mine or f.endswith(('.parquet', '.jsonl'))]\nprint(len(found))")
-    assert score(program, {"inputs": [""], "outputs": ["0"]}, timeout=10.0).reward == 1.0
+    # The walk visits /usr and the interpreter's prefix (a venv with torch and vLLM: about 200k
+    # entries). Warm it takes under a second; with a cold directory cache under CI's load it has
+    # passed 10 s (a CI run failed on "timeout"), so the limit here only bounds a hang.
+    assert score(program, {"inputs": [""], "outputs": ["0"]}, timeout=120.0).reward == 1.0
 
 
 # 5-6. The mode: chosen by what the machine allows, not by where Python lives, and announced.
