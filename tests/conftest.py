@@ -1,6 +1,8 @@
-"""Fixtures shared by the test files: the toy SFT checkpoint every test starts from."""
+"""Fixtures shared by the test files: the toy SFT checkpoint every test starts from, and the
+sandbox's scratch directories the verify and sandbox tests look for leftovers in."""
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,3 +21,18 @@ def cache_dir(tmp_path_factory):
         tmp_path_factory.mktemp("cache")
     toy_task.sft_checkpoint(cache, SFT_STEPS)
     return cache
+
+
+def sandbox_dirs(inside: str = "") -> list[Path]:
+    """The verify-sandbox-* directories in this process's code workers' scratch directories (other
+    processes on the machine may be using verify.py too), or with `inside`, what they hold matching
+    that glob. A replaced worker's scratch is removed in the background (sandbox.remove_tree): one
+    that vanishes while it is listed is skipped, where a plain glob would raise FileNotFoundError."""
+    found = []
+    for scratch in Path(tempfile.gettempdir()).glob(f"verify-worker-{os.getpid()}-*"):
+        try:
+            boxes = [p for p in scratch.iterdir() if p.name.startswith("verify-sandbox-")]
+            found += [p for box in boxes for p in box.glob(inside)] if inside else boxes
+        except FileNotFoundError:
+            continue
+    return found

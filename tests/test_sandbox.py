@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 import sandbox
 import verify
+from conftest import sandbox_dirs
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 2.0
@@ -142,15 +142,7 @@ def test_a_directory_bomb_neither_crashes_nor_stalls_score_batch(program):
                              [{"inputs": [""], "outputs": ["made"]}, CALL], ["code", "code"], timeout=TIMEOUT)
     assert time.monotonic() - start < 4 * TIMEOUT + 10
     assert got[1].reward == 1.0
-    leftovers = []
-    for scratch in Path(tempfile.gettempdir()).glob(f"verify-worker-{os.getpid()}-*"):
-        try:  # a replaced worker's scratch is removed in the background: glob would raise if it vanished mid-walk
-            for box in scratch.iterdir():
-                if box.name.startswith("verify-sandbox-"):
-                    leftovers += [p for p in box.iterdir() if p.name.startswith("d")]
-        except FileNotFoundError:
-            continue
-    assert leftovers == []
+    assert sandbox_dirs(inside="d*") == []
 
 
 def test_the_workers_scratch_is_removed_off_the_trainers_thread(tmp_path):

@@ -21,6 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sandbox  # noqa: E402
 import verify  # noqa: E402
+from conftest import sandbox_dirs  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TIMEOUT = 2.0  # per-item limit for the hostile tests
@@ -578,12 +579,7 @@ def _sandbox_leftovers() -> list[str]:
             continue
         if MINE in cwd or sandbox.SANDBOX_UID_BASE <= uid < sandbox.SANDBOX_UID_BASE + (1 << 22):
             found.append(f"pid {entry.name} (uid {uid}) in {cwd}")  # a test's own user: a sandboxed program
-    for scratch in Path(tempfile.gettempdir()).glob(f"{MINE}*"):
-        try:  # a killed worker's directory is removed while we look: glob would raise here
-            found += [str(p) for p in scratch.iterdir() if p.name.startswith("verify-sandbox-")]
-        except FileNotFoundError:
-            continue
-    return found
+    return found + [str(p) for p in sandbox_dirs()]
 
 
 @pytest.fixture
