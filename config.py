@@ -168,6 +168,10 @@ class Args:
     """--rollout vllm: fraction of the WHOLE GPU for vLLM's weights and KV cache; training gets the rest"""
     vllm_sleep: bool = False
     """--rollout vllm: free vLLM's GPU memory during the PRM and policy updates (sleep mode; GPU only)"""
+    rollout_correction: str = "token-truncate"
+    """--rollout vllm: weight each token's policy loss by pi_trainer/pi_sampler of the tokens vLLM drew (prime.rollout_is_weights): 'token-truncate' (TIS, veRL's threshold 2), 'token-mask', 'sequence-truncate', 'sequence-mask' (TRL's default) or 'none'; with --rollout hf the sampler is the trainer and the weights are 1"""
+    rollout_correction_cap: float = 2.0
+    """the rollout correction's cap on pi_trainer/pi_sampler: truncated to it, or masked above it"""
     seed: int = 1
     """base seed; rank r uses seed + r"""
     run_name: str = ""
@@ -215,7 +219,8 @@ CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass", "ppo
                process_norm=("batch", "beta"), reference=("sft", "policy"), prm_update=("after", "before"),
                prm_loss=("ce", "dpo"), prm_groups=("kept", "mixed"), process_groups=("all", "mixed"), loss_mean=("global", "micro"),
                rollout=("hf", "vllm"), preset=("", "paper", "1.5b"), sandbox=("auto", "namespaces"),
-               filter_mode=("shrink", "refill"))
+               filter_mode=("shrink", "refill"),
+               rollout_correction=("none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"))
 
 
 def parse_args(argv=None, description: str = "") -> Args:
@@ -276,6 +281,7 @@ DOMAINS = dict(
     gae_lambda=UNIT, critic_lr=POSITIVE,
     critic_warmup_steps=AT_LEAST_0, value_clip=AT_LEAST_0,
     vllm_gpu_memory_utilization=(lambda v: 0 < v <= 1, "in (0, 1]"), save_every=AT_LEAST_1,
+    rollout_correction_cap=(lambda v: v >= 1, ">= 1 (a cap below 1 would cut tokens the two engines agree on)"),
     eval_problems=AT_LEAST_1, eval_every=AT_LEAST_0, eval_samples=AT_LEAST_1, sft_steps=AT_LEAST_0,
     episodes_per_step=AT_LEAST_0, step_noise=AT_LEAST_0, max_memory_gb=AT_LEAST_0, toy_slip=(lambda v: 0 <= v < 1, "in [0, 1)"),
 )

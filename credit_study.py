@@ -561,8 +561,8 @@ def policy_gradients(run_dir: Path | None, batches: int, seed: int = 0, at_start
         for name, args in configs.items():
             models.step_scorer = scorers[args.step_scorer]  # each construction's own checker
             signal, _, step_ids, _ = train.process_signal(args, models, b, None, logp_ref, d, k)
-            process = train.process_rewards(args, signal, step_ids, b.mask, b.outcome)
-            adv, *_ = train.advantages(args, models, b, process, signal, step_ids, formats)
+            process = train.process_rewards(args, signal, step_ids, b.train_mask, b.outcome, d)
+            adv, *_ = train.advantages(args, models, b, process, signal, step_ids, formats, d)
             loss = -(adv * logp * b.mask).sum() / b.mask.sum()  # Eq. 6 at rho = 1
             grads[name].append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params,
                                                                                        retain_graph=True)]))

@@ -27,6 +27,25 @@ class Dist:
     def master(self) -> bool:
         return self.rank == 0
 
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """t summed elementwise over ranks: a statistic of the whole batch from each rank's share (t
+        itself in a world of one). Ranks may differ in the last dimension (a batch's padded width):
+        each is zero-padded to the widest first, so the result can be wider than t."""
+        if self.world == 1:
+            return t
+        width = int(all_reduce_max([t.shape[-1] if t.dim() else 0], self)[0])
+        out = torch.nn.functional.pad(t, (0, width - t.shape[-1])) if t.dim() else t.clone()
+        dist.all_reduce(out)
+        return out
+
+    def max(self, t: torch.Tensor) -> torch.Tensor:
+        """t's elementwise max over ranks (same shape on every rank; t itself in a world of one)."""
+        if self.world == 1:
+            return t
+        out = t.clone()
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+        return out
+
 
 def setup_distributed() -> Dist:
     if "RANK" not in os.environ:
@@ -37,8 +56,10 @@ def setup_distributed() -> Dist:
         device, backend = torch.device("cuda", local_rank), "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    # Rollouts are long: a rank waiting for a slower rank's generation must not time out.
-    dist.init_process_group(backend, timeout=datetime.timedelta(hours=2))
+    # Rollouts are long: a rank waiting for a slower rank's generation must not time out. device_id
+    # binds NCCL's communicator to this rank's GPU up front (no guessing from the current device).
+    dist.init_process_group(backend, timeout=datetime.timedelta(hours=2),
+                            device_id=device if device.type == "cuda" else None)
     return Dist(rank, world, local_rank, device)
 
 
@@ -56,6 +77,13 @@ def all_reduce(values, d: Dist, op=None):
 
 def all_reduce_max(values: list[float], d: Dist) -> list[float]:
     return all_reduce(values, d, dist.ReduceOp.MAX if d.world > 1 else None)
+
+
+def close(d: Dist) -> None:
+    """Destroy the process group whenever one was made: under `torchrun --nproc_per_node=1` too (a
+    world of one, but a real group), or NCCL warns at exit that it was never destroyed."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def barrier(d: Dist) -> None:

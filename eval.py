@@ -63,9 +63,9 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 import verify  # noqa: E402
 from data import (BENCHMARKS, DATA_DIR, MATH_BENCHMARKS, Item, Task, build_prompt,  # noqa: E402
                   check_benchmark_names, load_benchmark)
-from ddp import Dist, all_reduce, unwrap  # noqa: E402
+from ddp import Dist, all_reduce  # noqa: E402
 from rollout import HFRollout, VLLMRollout  # noqa: E402
-from runlog import moving_average, read_jsonl, read_run, save_figure, write_json  # noqa: E402
+from runlog import moving_average, nanmean, read_jsonl, read_run, save_figure, write_json  # noqa: E402
 
 BOOTSTRAP_RESAMPLES = 2000  # as PASS's Table 6: 2000 resamples of whole problems
 BOOTSTRAP_SEED = 0
@@ -175,24 +175,22 @@ def sample_and_score(sampler, prompt_ids: list[list[int]], answers: list[str], k
     return rollout, texts, scores
 
 
-def heldout_accuracy(model, tokenizer, tasks: list[Task], args, d: Dist, samples: int = 0) -> float:
-    """train.py's held-out accuracy, each rank scoring its share: greedy (samples = 0), or the mean
-    reward of `samples` responses per problem at the training temperature and top-p (`args` is
-    train.py's config.Args).
+def heldout_accuracy(sampler, tasks: list[Task], args, d: Dist, samples: int = 0) -> float:
+    """train.py's held-out accuracy, each rank scoring its share with the run's own sampler (HF
+    generate on the policy, or the run's vLLM engine): greedy (samples = 0), or the mean reward of
+    `samples` responses per problem at the training temperature and top-p (`args` is train.py's
+    config.Args).
 
     Where the model's mode is right and its slips live in the sampling distribution (the embedded
-    noisy demonstrator), the sampled accuracy is the one RL moves. Sampling draws from a forked RNG
-    with a fixed seed: evaluating never shifts the training's random stream, and every evaluation of a
-    run (and every run of a seed) uses the same random numbers."""
+    noisy demonstrator), the sampled accuracy is the one RL moves. HF sampling draws from a forked
+    torch RNG with a fixed seed: evaluating never shifts the training's random stream, and every
+    evaluation of a run (and every run of a seed) uses the same random numbers. (A vLLM engine draws
+    from its own generator, seeded once when it was built.)"""
     mine, n = tasks[d.rank::d.world], max(samples, 1)
     correct = 0.0
     if mine:
         with torch.random.fork_rng(devices=[d.device] if d.device.type == "cuda" else []):
             torch.manual_seed(args.seed * 7919 + d.rank)
-            # 512 sequences a call: the 800 sampled answers of the default in two calls, not four
-            # (a quarter less time on 2 CPU cores, bench/bench_first_use.py)
-            sampler = HFRollout(unwrap(model), tokenizer, args.max_response_len, args.temperature, args.top_p,
-                                batch_size=512)
             _, _, scores = sample_and_score(sampler, [t.prompt_ids for t in mine], [t.answer for t in mine],
                                             [t.kind for t in mine], n, greedy=not samples,
                                             math_grader=args.math_grader)
@@ -201,10 +199,10 @@ def heldout_accuracy(model, tokenizer, tasks: list[Task], args, d: Dist, samples
     return total / max(count, 1)
 
 
-def heldout_metrics(model, tokenizer, tasks: list[Task], args, d: Dist) -> dict:
+def heldout_metrics(sampler, tasks: list[Task], args, d: Dist) -> dict:
     """{"greedy": accuracy, "sampled": mean accuracy of --eval-samples responses per problem}."""
-    return {"greedy": heldout_accuracy(model, tokenizer, tasks, args, d),
-            "sampled": heldout_accuracy(model, tokenizer, tasks, args, d, args.eval_samples)}
+    return {"greedy": heldout_accuracy(sampler, tasks, args, d),
+            "sampled": heldout_accuracy(sampler, tasks, args, d, args.eval_samples)}
 
 
 def evaluate(name: str, items: list[Item], sampler, tokenizer, n: int, greedy: bool,
@@ -447,6 +445,34 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
 # ---------------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------------
+
+
+def write_summary(run_dir: Path, args, start: dict, end: dict, timing: dict, eval_problems: int) -> None:
+    """summary.json, curves.png and episodes.png, and the run's closing lines on the terminal."""
+    metrics = read_run(run_dir)["metrics"]
+    summary = {"start_accuracy": start["greedy"], "end_accuracy": end["greedy"],
+               "start_sampled_accuracy": start["sampled"], "end_sampled_accuracy": end["sampled"],
+               "steps": args.steps, "eval_problems": eval_problems, "wall_seconds": timing["wall_seconds"],
+               "step_seconds": timing["step_seconds"], "eval_seconds": timing["eval_seconds"],
+               "final_reward_10": float(np.mean([m["reward"] for m in metrics[-10:]])),
+               "final_prm_accuracy_10": nanmean([m["prm_accuracy"] for m in metrics[-10:]]),
+               "final_prm_localization_10": nanmean([m.get("prm_localization") for m in metrics[-10:]])}
+    write_json(run_dir / "summary.json", summary)
+    plot_runs([run_dir], run_dir / "curves.png")
+    if not args.data:  # the episode picture: which tokens the process signal blamed
+        plot_episodes(run_dir)
+    split = ", ".join(f"{k} {v:.2f}s" for k, v in summary["step_seconds"].items())
+    print(f"\nheld-out accuracy ({eval_problems} problems): greedy {start['greedy']:.3f} -> {end['greedy']:.3f}; "
+          f"sampled ({args.eval_samples} per problem) {start['sampled']:.3f} -> {end['sampled']:.3f}")
+    print(f"training reward (last 10 steps): {summary['final_reward_10']:.3f}; "
+          f"PRM pairwise accuracy (last 10): {_or_na(summary['final_prm_accuracy_10'])}; "
+          f"localisation (last 10): {_or_na(summary['final_prm_localization_10'])}")
+    print(f"time per step: {split}; wall {timing['wall_seconds']:.0f}s")
+    print(f"run folder: {run_dir} (metrics.jsonl, episodes.jsonl, curves.png, final/, summary.json)", flush=True)
+
+
+def _or_na(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
 
 
 def parse_args(argv=None) -> argparse.Namespace:

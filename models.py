@@ -92,14 +92,18 @@ def prm_start(args: Args, sft_path: str, tokenizer, d: Dist) -> str:
 
 
 def make_sampler(args: Args, models: Models, d: Dist):
-    """--rollout vllm: an engine in this process, fed the policy's weights after every update;
-    --rollout hf: HF generate on the policy itself."""
+    """The run's one sampler, for training rollouts and the held-out evaluation alike: --rollout vllm,
+    an engine in this process, fed the policy's weights after every update, returning its own log-probs
+    for the rollout correction; --rollout hf, HF generate on the policy itself (512 sequences a call:
+    the default's 800 held-out samples in two calls, not four, a quarter less time on 2 CPU cores)."""
     if args.rollout == "vllm":
         return VLLMRollout(models.path, models.tokenizer, args.max_response_len, args.temperature, args.top_p,
                            max_model_len=args.max_prompt_len + args.max_response_len, seed=args.seed + d.rank,
                            dtype="bfloat16" if d.device.type == "cuda" else "float32",
-                           gpu_memory_utilization=args.vllm_gpu_memory_utilization, sleep=args.vllm_sleep)
-    return HFRollout(unwrap(models.policy), models.tokenizer, args.max_response_len, args.temperature, args.top_p)
+                           gpu_memory_utilization=args.vllm_gpu_memory_utilization, sleep=args.vllm_sleep,
+                           logprobs=True)
+    return HFRollout(unwrap(models.policy), models.tokenizer, args.max_response_len, args.temperature, args.top_p,
+                     batch_size=512)
 
 
 def embedded_checkpoint(args: Args, sft_steps: int, d: Dist, label: str = "", slip: float | None = None) -> str:

@@ -137,7 +137,7 @@ def broadcast_step_scores(step_scores: torch.Tensor, step_ids: torch.Tensor,
 
 
 def normalize_process(s: torch.Tensor, valid: torch.Tensor, scope_idx: torch.Tensor, n_scopes: int,
-                      normalizer: str, eps: float) -> torch.Tensor:
+                      normalizer: str, eps: float, sum_over_ranks=None, max_over_ranks=None) -> torch.Tensor:
     """Process channel z_p over the scope, seed Sec. 3 "Normalization scope":
 
         V = {s_{i,t} : i in B, M_{i,t} = 1}
@@ -147,18 +147,22 @@ def normalize_process(s: torch.Tensor, valid: torch.Tensor, scope_idx: torch.Ten
     [A] eps is added to the scale; std is unbiased (ddof 1); std := 0 when |V| <= 1.
     V is the whole batch (seed) or each prompt group (v1): `scope_idx` (B,) maps each row to one of
     `n_scopes` sets. Shapes: s, valid (B, T) -> (B, T), 0 where not valid.
+    A scope split over data-parallel ranks (the batch scope) passes `sum_over_ranks` and
+    `max_over_ranks` (ddp.Dist.sum / .max): its count, sums and max are then the whole batch's.
     """
+    total_ranks = sum_over_ranks or (lambda t: t)
     zero = s.new_zeros(())
     s = torch.where(valid, s, zero)  # (B, T) padding may hold anything (e.g. -inf log-probs)
     if normalizer == "abs_max":
         scale = s.new_zeros(n_scopes).scatter_reduce(
             0, scope_idx, s.abs().amax(dim=1), reduce="amax")  # (S,) max|V|
+        scale = max_over_ranks(scale) if max_over_ranks is not None else scale
         return torch.where(valid, s / (scale[scope_idx, None] + eps), zero)
-    count = s.new_zeros(n_scopes).index_add_(0, scope_idx, valid.sum(1).to(s.dtype))
-    total = s.new_zeros(n_scopes).index_add_(0, scope_idx, s.sum(1))
+    count = total_ranks(s.new_zeros(n_scopes).index_add_(0, scope_idx, valid.sum(1).to(s.dtype)))
+    total = total_ranks(s.new_zeros(n_scopes).index_add_(0, scope_idx, s.sum(1)))
     mean = total / count.clamp(min=1)  # (S,)
     dev = torch.where(valid, s - mean[scope_idx, None], zero)  # (B, T)
-    sq = s.new_zeros(n_scopes).index_add_(0, scope_idx, dev.square().sum(1))
+    sq = total_ranks(s.new_zeros(n_scopes).index_add_(0, scope_idx, dev.square().sum(1)))
     std = torch.where(count > 1, (sq / (count - 1).clamp(min=1)).sqrt(), zero)  # (S,)
     return dev / (std[scope_idx, None] + eps)
 
@@ -205,7 +209,7 @@ def advantage_fusion(z_p: torch.Tensor, z_o: torch.Tensor, z_f: torch.Tensor, fm
 
 
 def positional_trace(a: torch.Tensor, valid: torch.Tensor, trace_idx: torch.Tensor,
-                     n_traces: int) -> torch.Tensor:
+                     n_traces: int, sum_over_ranks=None) -> torch.Tensor:
     """Positional mean trace of the fused scores, seed Sec. 4.2:
 
         u_t = sum_{i in B} M_{i,t} a_{i,t} / max(1, sum_{i in B} M_{i,t}),   t0 <= t <= t1
@@ -216,10 +220,13 @@ def positional_trace(a: torch.Tensor, valid: torch.Tensor, trace_idx: torch.Tens
     is "the last position covered by any response's stored span" (an all-zero row still counts).
     One trace over the batch (seed) or one per prompt group (option): `trace_idx` (B,) maps rows to
     `n_traces` traces. Shapes: a, valid (B, T) -> u (n_traces, T).
+    A trace over a batch split across data-parallel ranks passes `sum_over_ranks` (ddp.Dist.sum):
+    the trace is then the whole batch's, as wide as the widest rank's T (so u may be wider than a).
     """
+    total_ranks = sum_over_ranks or (lambda t: t)
     fused = torch.where(valid, a, a.new_zeros(()))  # (B, T)
-    total = a.new_zeros(n_traces, a.shape[1]).index_add_(0, trace_idx, fused)
-    count = a.new_zeros(n_traces, a.shape[1]).index_add_(0, trace_idx, valid.to(a.dtype))
+    total = total_ranks(a.new_zeros(n_traces, a.shape[1]).index_add_(0, trace_idx, fused))
+    count = total_ranks(a.new_zeros(n_traces, a.shape[1]).index_add_(0, trace_idx, valid.to(a.dtype)))
     return total / count.clamp(min=1)
 
 
@@ -370,7 +377,8 @@ def pass_advantage(process_signal: torch.Tensor, mask: torch.Tensor, outcome: to
                    normalizer: str = "masked_norm", eps: float = 1e-4, norm_scope: str = "batch",
                    compare: str = "consecutive", recipe: str = "pass", alpha: float = 0.33,
                    trace_scope: str = "batch", terminal_endpoint: bool = False,
-                   chunking: str = "trace", step_ids=None) -> torch.Tensor:
+                   chunking: str = "trace", step_ids=None, sum_over_ranks=None,
+                   max_over_ranks=None) -> torch.Tensor:
     """PASS token advantages (seed Sec. 4, Figure 1): AF -> CV -> RTG + DL -> broadcast.
 
     Inputs: process_signal s (B, T) float; mask (B, T), 1 on valid response tokens; outcome r_o and
@@ -395,6 +403,9 @@ def pass_advantage(process_signal: torch.Tensor, mask: torch.Tensor, outcome: to
         "no_cv"         PASS with every valid token its own chunk.
         "gr3"           A = a * q_i (gr3_length_factor, alpha); no CV/RTG.
     Unknown option values raise ValueError naming the argument.
+    Data parallel: the batch-scope statistics (the process normaliser, the CV trace) are the whole
+    batch's when a batch split over ranks passes `sum_over_ranks` and `max_over_ranks`
+    (ddp.Dist.sum / .max); group-scope ones need nothing, a group lives on one rank.
     """
     _check_option("normalizer", normalizer, NORMALIZERS)
     _check_option("norm_scope", norm_scope, SCOPES)
@@ -424,7 +435,7 @@ def pass_advantage(process_signal: torch.Tensor, mask: torch.Tensor, outcome: to
     if norm_scope == "group":
         z_p = normalize_process(s, valid, group_idx, n_groups, normalizer, eps)  # (B, T)
     else:
-        z_p = normalize_process(s, valid, batch_idx, 1, normalizer, eps)  # (B, T)
+        z_p = normalize_process(s, valid, batch_idx, 1, normalizer, eps, sum_over_ranks, max_over_ranks)
     if recipe == "process_only":
         return z_p
     z_o = group_zscore(outcome.to(s.dtype), group_idx, n_groups, eps)  # (B,)
@@ -447,8 +458,8 @@ def pass_advantage(process_signal: torch.Tensor, mask: torch.Tensor, outcome: to
             u = positional_trace(a, valid, group_idx, n_groups)  # (G, T)
             ends = trace_endpoints(u, eta, compare)[group_idx] & valid  # (B, T)
         else:
-            u = positional_trace(a, valid, batch_idx, 1)  # (1, T)
-            ends = trace_endpoints(u, eta, compare) & valid  # (B, T)
+            u = positional_trace(a, valid, batch_idx, 1, sum_over_ranks)  # (1, T') T' >= T: all ranks' widest
+            ends = trace_endpoints(u, eta, compare)[:, :T] & valid  # (B, T)
         if terminal_endpoint:
             ends = ends | last_valid_token(valid)
     v, K, chunk_id = chunk_values(a, ends)  # (B, T+1), (B,), (B, T)

@@ -159,15 +159,22 @@ def implicit_process_reward(logp_prm: torch.Tensor, logp_ref: torch.Tensor, mask
     return torch.where(mask.bool(), beta * (logp_prm - logp_ref), torch.zeros_like(logp_prm))
 
 
-def normalize_process_reward(reward: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def normalize_process_reward(reward: torch.Tensor, mask: torch.Tensor, max_over_ranks=None) -> torch.Tensor:
     """Official "prime_norm: batch_norm": r <- r / (max_{i,t} |sum_{s >= t} r_{i,s}| + 1e-6).
 
-    One scalar for the whole batch (per GPU in the official code), chosen so that the largest
-    process return-to-go becomes 1: it keeps the process term on the scale of the 0/1 outcome term
-    whatever beta and the PRM's drift. Not in the paper. Shapes: (B, T) -> (B, T), 0 on padding.
+    One scalar for the whole batch, chosen so that the largest process return-to-go becomes 1: it
+    keeps the process term on the scale of the 0/1 outcome term whatever beta and the PRM's drift.
+    Not in the paper. Shapes: (B, T) -> (B, T), 0 on padding.
+    The official code computes it in one place over the whole batch (veRL's single controller).
+    When the batch is split over data-parallel ranks, pass `max_over_ranks` (a function: a tensor ->
+    its elementwise max over ranks, e.g. ddp.Dist.max) and the scalar is the whole batch's again;
+    without it, each rank's share would be divided by its own largest return.
     """
     reward = torch.where(mask.bool(), reward, torch.zeros_like(reward))
-    return reward / (reverse_cumsum(reward).abs().max() + 1e-6)
+    largest = reverse_cumsum(reward).abs().max() if reward.numel() else reward.new_zeros(())
+    if max_over_ranks is not None:
+        largest = max_over_ranks(largest)
+    return reward / (largest + 1e-6)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -283,17 +290,23 @@ def rloo_advantage(process_reward, outcome: torch.Tensor, mask: torch.Tensor, n_
     return torch.where(valid, returns, torch.zeros_like(returns))
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, sum_over_ranks=None) -> torch.Tensor:
     """Official global whitening: (x - mean) / sqrt(var + 1e-8) over ALL valid tokens of the batch.
 
     var is the unbiased (n - 1) variance, as in veRL's `masked_whiten`. (B, T) -> (B, T), 0 on padding.
     Not in the paper's equations, but applied to every advantage in the official runs.
+    "The batch" is the whole batch of the step: when it is split over data-parallel ranks, pass
+    `sum_over_ranks` (a function: a tensor -> its elementwise sum over ranks, e.g. ddp.Dist.sum) and
+    the mean and variance are the whole batch's (two small all-reduces: sum and count, then the sum of
+    squared deviations), so 1 and 8 GPUs whiten alike. Without it, the statistics are this tensor's.
     """
+    total = sum_over_ranks or (lambda t: t)
     valid = mask.bool()
     x = torch.where(valid, x, torch.zeros_like(x))  # padding may hold NaN: never let it reach var
-    n = valid.sum()
-    mean = masked_mean(x, mask)
-    var = (((x - mean) ** 2) * valid).sum() / (n - 1).clamp(min=1)
+    sums = total(torch.stack([x.sum(), valid.sum().to(x.dtype)]))  # (sum, n)
+    n = sums[1]
+    mean = sums[0] / n.clamp(min=1)
+    var = total((((x - mean) ** 2) * valid).sum()) / (n - 1).clamp(min=1)
     return torch.where(valid, (x - mean) * torch.rsqrt(var + eps), torch.zeros_like(x))
 
 
@@ -443,7 +456,8 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
 
 
 def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
-                  mask: torch.Tensor, clip_eps: float = 0.2, dual_clip: float | None = None) -> torch.Tensor:
+                  mask: torch.Tensor, clip_eps: float = 0.2, dual_clip: float | None = None,
+                  token_weights: torch.Tensor | None = None) -> torch.Tensor:
     """Eq. 6, PPO's clipped surrogate, negated to be minimised and averaged over valid tokens:
 
         L(theta) = -E_t[ min( rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t ) ],
@@ -462,6 +476,9 @@ def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.
     None (the default) is PRIME-RL's loss, which has no dual clip. veRL also clamps the log-ratio
     log rho_t to [-20, 20] before exp; we do not (PRIME-RL does not, and with one PPO epoch per
     batch rho_t stays near 1).
+
+    `token_weights` (B, T), no gradient, multiplies each token's loss before the mean: the rollout
+    correction's importance weights (`rollout_is_weights`), as veRL applies them. None = all 1.
     """
     ratio = torch.exp(logp - logp_old)
     unclipped = -ratio * advantages
@@ -471,7 +488,67 @@ def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.
         if dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
         loss = torch.where(advantages < 0, torch.minimum(loss, -dual_clip * advantages), loss)
+    if token_weights is not None:
+        loss = loss * token_weights.detach()
     return masked_mean(loss, mask)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rollout correction: the sampler is not the trainer
+# ---------------------------------------------------------------------------------------------------
+
+IS_LEVELS, IS_MODES = ("token", "sequence"), ("truncate", "mask")
+
+
+def rollout_is_weights(logp_old: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor,
+                       level: str = "token", mode: str = "truncate", cap: float = 2.0) -> torch.Tensor:
+    """Importance weights that correct for sampling with another engine than the one that trains.
+
+    vLLM samples in bf16 with its own kernels, so the tokens come from pi_rollout, not from the
+    trainer's pi_old that Eq. 6's ratio assumes. Weighting each token's loss by rho = pi_old / pi_rollout
+    (capped, since a rare token can make it huge) turns the expectation back into pi_old's:
+        level "token":     rho_t = exp(clamp(logp_old_t - logp_rollout_t, -20, 20))
+        level "sequence":  rho_i = exp(clamp(sum_t (logp_old_t - logp_rollout_t), -20, 20)), on every token of i
+        mode "truncate":   w = min(rho, cap)                 (TIS; veRL's rollout_correction, threshold 2)
+        mode "mask":       w = rho if rho <= cap, else 0     (TRL's sequence_mask, cap 3; IcePop)
+    `logp_old` is the trainer's log-prob of each sampled token under the policy that sampled it, at the
+    sampling temperature; `logp_rollout` the sampler's log-prob of the same token under the
+    distribution it actually drew from (vLLM's logprobs_mode="processed_logprobs": after temperature,
+    and after top-p/top-k renormalisation). With top-p < 1 the weight also carries the nucleus mass
+    (pi_old counts the whole vocabulary, pi_rollout only the nucleus), so it corrects the tokens that
+    were sampled but cannot correct for the tokens top-p never lets be sampled: that bias remains.
+    Shapes: (B, T) each -> (B, T) float32, 0 on padding, no gradient.
+    """
+    if level not in IS_LEVELS:
+        raise ValueError(f"level must be one of {IS_LEVELS}, got {level!r}")
+    if mode not in IS_MODES:
+        raise ValueError(f"mode must be one of {IS_MODES}, got {mode!r}")
+    valid = mask.bool()
+    delta = torch.where(valid, logp_old.detach().float() - logp_rollout.detach().float(), 0.0)
+    if level == "sequence":
+        delta = delta.sum(-1, keepdim=True).expand_as(delta)
+    rho = torch.exp(delta.clamp(-20.0, 20.0))
+    w = rho.clamp(max=cap) if mode == "truncate" else torch.where(rho <= cap, rho, 0.0)
+    return torch.where(valid, w, 0.0)
+
+
+def rollout_mismatch(logp_old: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor,
+                     level: str = "token", cap: float = 2.0) -> dict:
+    """What the rollout correction sees, before any truncation, as sums to add over ranks:
+    {"abs_logp_diff": sum over tokens of |logp_old - logp_rollout|, "tokens": their number,
+     "rho_max": the largest rho of `level` (a max, not a sum), "over_cap": tokens (or sequences)
+     whose rho exceeds `cap`, "units": tokens (or sequences)}. Python floats."""
+    valid = mask.bool()
+    delta = torch.where(valid, logp_old.float() - logp_rollout.float(), 0.0)
+    if level == "sequence":
+        rows = valid.any(-1)
+        log_rho, units = delta.sum(-1)[rows], rows.sum()
+    else:
+        log_rho, units = delta[valid], valid.sum()
+    rho = torch.exp(log_rho.clamp(-20.0, 20.0))
+    return {"abs_logp_diff": delta.abs().sum().item(), "tokens": valid.sum().item(),
+            "rho_max": rho.max().item() if rho.numel() else 0.0, "over_cap": (rho > cap).sum().item(),
+            "units": units.item()}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -491,6 +568,12 @@ def keep_groups(outcome: torch.Tensor, n_samples: int, low: float = 0.2,
     _check_groups(outcome.shape[0], n_samples, needs_two=False)
     mean = outcome.to(torch.float32).view(-1, n_samples).mean(-1)
     return (mean >= low - 1e-6) & (mean <= high + 1e-6)
+
+
+def mixed_groups(outcome: torch.Tensor, n_samples: int) -> torch.Tensor:
+    """(B,) outcomes -> (G,) bool: the groups whose responses do not all have the same outcome."""
+    grouped = outcome.view(-1, n_samples)
+    return grouped.max(-1).values > grouped.min(-1).values
 
 
 def prm_pairwise_accuracy(sequence_score: torch.Tensor, outcome: torch.Tensor,

@@ -119,6 +119,9 @@ class HFRollout:
         """The HF backend samples from the training model itself: nothing to copy."""
         self.model = model
 
+    def sleep(self) -> None:
+        """Nothing to free: the HF backend holds no memory of its own (VLLMRollout.sleep)."""
+
     @torch.no_grad()
     def generate(self, prompt_token_ids: list[list[int]], n: int = 1, greedy: bool = False,
                  return_logprobs: bool = False, batch_size: int = 0) -> Rollout:
@@ -180,18 +183,24 @@ class VLLMRollout:
     policy's tensors into the engine after each optimizer step (tests/test_rollout_vllm.py checks
     that vLLM's log-probs then equal the HF policy's).
 
-    Sleep mode (`sleep=True`, GPU only: vLLM refuses it on CPU): after each generate the engine
-    frees its GPU memory (weights and KV cache, `sleep(level=2)`) so the PRM and policy updates can
-    use it; `push_weights` wakes it up, loads the new weights and re-allocates the KV cache.
+    Sleep mode (`sleep=True`, GPU only: vLLM refuses it on CPU): the loop calls `sleep()` once a
+    step's sampling is done (refills included), and the engine frees its GPU memory (weights and KV
+    cache, `sleep(level=2)`) so the PRM and policy updates can use it; `push_weights` wakes it up,
+    loads the new weights and re-allocates the KV cache, ready for the held-out evaluation and the
+    next step. Without sleep mode `sleep()` does nothing.
+
+    `logprobs=True` (train.py): every sampled response comes with the sampler's log-prob of each of
+    its tokens (`Rollout.sampler_logprobs`), for the rollout correction (prime.rollout_is_weights).
 
     Same output as HFRollout: prompts left-padded, responses cut at the first EOS by `cut_at_eos`,
     groups contiguous. Old log-probs are still recomputed by the HF policy in train.py (vLLM's
-    kernels and bf16 weights give slightly different numbers); `return_logprobs` is for checks.
+    kernels and bf16 weights give slightly different numbers); the sampler's own log-probs weight the
+    policy loss (--rollout-correction) and measure that difference.
     """
 
     def __init__(self, model_path: str, tokenizer, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, *, max_model_len: int, seed: int, dtype: str = "float32",
-                 gpu_memory_utilization: float = 0.3, sleep: bool = False):
+                 gpu_memory_utilization: float = 0.3, sleep: bool = False, logprobs: bool = False):
         self.tokenizer = tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.dtype = getattr(torch, dtype)
@@ -238,7 +247,7 @@ class VLLMRollout:
         torch.set_rng_state(rng[2])
         if on_gpu:
             torch.cuda.set_rng_state_all(rng[3])
-        self.sleep, self.asleep = sleep, False
+        self.sleep_mode, self.asleep, self.logprobs = sleep, False, logprobs
 
     @torch.no_grad()
     def push_weights(self, model) -> None:
@@ -267,8 +276,9 @@ class VLLMRollout:
         """K = n samples of each prompt, groups contiguous. `greedy` decodes one answer per prompt."""
         from vllm import SamplingParams  # optional, as above
 
-        assert not self.asleep, "VLLMRollout sleeps after each generate (sleep=True): push_weights wakes it"
+        assert not self.asleep, "the engine is asleep (sleep()): push_weights wakes it before it can sample"
         tok = self.tokenizer
+        return_logprobs = return_logprobs or (self.logprobs and not greedy)
         params = SamplingParams(
             n=1 if greedy else n, temperature=0.0 if greedy else self.temperature,
             top_p=1.0 if greedy else self.top_p, max_tokens=self.max_new_tokens,
@@ -280,9 +290,6 @@ class VLLMRollout:
         # greedy: n identical answers, so send the prompt n times (prefix caching shares them)
         requests = [{"prompt_token_ids": ids} for ids in prompt_token_ids for _ in range(n if greedy else 1)]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        if self.sleep:  # free the GPU for the updates; push_weights wakes the engine up
-            self.llm.sleep(level=2)
-            self.asleep = True
         samples = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
         for c in samples:  # the EOS that ended a response is part of it, as in HF generate
             assert c.finish_reason == "length" or c.token_ids[-1] == tok.eos_token_id, c.finish_reason
@@ -301,6 +308,13 @@ class VLLMRollout:
     def decode(self, rollout: Rollout) -> list[str]:
         """Response texts, without padding or EOS."""
         return self.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+
+    def sleep(self) -> None:
+        """Sleep mode: free the engine's GPU memory (weights and KV cache) for the updates, once the
+        step's sampling is done; push_weights wakes it. A no-op without sleep mode, or asleep already."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep = True
 
     def close(self) -> None:
         """Shut the engine down. vLLM then destroys its process groups and torch's default group

@@ -4,7 +4,8 @@
     metrics.jsonl    one line per step (append_jsonl), cut back to the checkpoint on --resume
     episodes.jsonl   a few responses per step with their per-token rewards (write_episodes)
     summary.json     start and end held-out accuracy, the last-10-step means, the step-time split
-    checkpoint/      policy, PRM, critic, their optimisers, the step, one RNG file per rank
+    checkpoint/      policy, PRM, critic, their optimisers, the step, one RNG file per rank: a link to
+                     checkpoint-<step>/, switched atomically (save_checkpoint)
     final/           the final policy, loadable with from_pretrained
     curves.png, episodes.png
 
@@ -13,18 +14,21 @@ replace_folder): a kill at any moment leaves the old or the new version whole, n
 `read_run` is the one reader of a finished or running run folder (train.py, eval.py, reproduce.py).
 """
 
+import contextlib
 import json
 import math
 import os
 import random
 import shutil
+import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ddp import Dist, barrier, unwrap
+import prime
+from ddp import Dist, barrier, check_shared_storage, unwrap
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -90,6 +94,94 @@ def truncate_metrics(path: Path, last_step: int) -> None:
         write_atomic(path, "".join(l + "\n" for l in lines))
 
 
+def make_run_dir(args, d: Dist) -> Path:
+    """runs/<name>/, made by rank 0 (refusing to write over a run unless --resume), seen by every rank."""
+    run_dir = Path(args.out_dir) / (args.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
+    if d.master:
+        if run_dir.exists() and not args.resume and (run_dir / "metrics.jsonl").exists():
+            raise SystemExit(f"{run_dir} already holds a run: pass --resume to continue it or choose another --run-name")
+        run_dir.mkdir(parents=True, exist_ok=True)
+    barrier(d)
+    check_shared_storage(run_dir, "--out-dir", d)
+    if not args.model:  # rank 0 builds the embedded SFT checkpoint there; every rank loads it
+        check_shared_storage(Path(args.cache_dir), "--cache-dir", d)
+    return run_dir
+
+
+# ---------------------------------------------------------------------------------------------------
+# One line of metrics.jsonl per step (train.py)
+# ---------------------------------------------------------------------------------------------------
+
+
+def step_counts(args, tasks: list, ro, scores, outcome, kinds: list[str]) -> dict:
+    """This rank's counts of the sampled responses, to be summed over ranks (named, never by position)."""
+    row_kinds = [task.kind for task in tasks for _ in range(args.n_samples)]
+    counts = {"reward": outcome.sum().item(), "responses": len(outcome), "prompts": len(tasks),
+              "tokens": ro.response_mask.sum().item(), "truncated": float(ro.truncated.sum()),
+              "format": sum(s.format for s in scores), "mixed_groups": int(prime.mixed_groups(outcome, args.n_samples).sum())}
+    for k in kinds:  # a file mixing kinds (PRIME's data: math and code rows) logs the reward of each
+        counts[f"reward_{k}"] = sum(s.reward for s, rk in zip(scores, row_kinds) if rk == k)
+        counts[f"responses_{k}"] = row_kinds.count(k)
+    return counts
+
+
+def step_metrics(args, step: int, sums: dict, kept_per_rank: list, losses: dict) -> dict:
+    """One line of metrics.jsonl from the counts summed over ranks (step_counts and the step's own)."""
+    mean = lambda values: float(np.mean(values)) if values else 0.0  # noqa: E731 (run_update's are global already)
+    n = sums["responses"]
+    metrics = {
+        "step": step + 1,
+        "reward": sums["reward"] / n,
+        "kept_groups": int(sums["kept_groups"]), "prompts": int(sums["prompts"]),
+        "refill_draws": int(sums["refill_draws"]),  # --filter-mode refill: extra draws, all ranks
+        "kept_groups_per_rank": [int(k) for k in kept_per_rank],
+        "response_length": sums["tokens"] / n,
+        "truncated_fraction": sums["truncated"] / n,
+        "format": sums["format"] / n,
+        "mixed_groups": int(sums["mixed_groups"]),  # of all sampled groups: some responses right, some wrong
+        # Fig. 5, over the mixed kept groups
+        "prm_accuracy": sums["prm_accuracy"] / sums["prm_groups"] if sums["prm_groups"] and args.process != "none"
+        else None,
+        "prm_loss": mean(losses["prm"]),
+        "policy_loss": mean(losses["policy"]),
+        "process_reward_abs_mean": sums["process_abs"] / max(sums["process_tokens"], 1),
+        # the share of wrong responses whose most blamed step is their first wrong one
+        "prm_localization": sums["localized"] / sums["wrong"] if sums["wrong"] else None,
+    }
+    if args.estimator == "ppo":
+        metrics["value_loss"] = mean(losses["value"])
+    if "rho_max" in sums:  # vLLM sampled: the two engines' mismatch, before the correction's cap
+        metrics["rollout_logp_abs_diff"] = sums["abs_logp_diff"] / max(sums["tokens"], 1)
+        metrics["rollout_rho_max"] = sums["rho_max"]
+        metrics["rollout_over_cap"] = sums["over_cap"] / max(sums["units"], 1)  # share truncated or masked
+    for key in sums:  # e.g. reward_math, reward_code; None on a step without that kind
+        if key.startswith("responses_"):
+            kind = key.removeprefix("responses_")
+            metrics[f"reward_{kind}"] = sums[f"reward_{kind}"] / sums[key] if sums[key] else None
+    return metrics
+
+
+def run_label(args) -> str:
+    """What runs, for the progress bar: 'PRIME' only for RLOO with the online implicit PRM."""
+    if args.estimator == "rloo" and args.process == "implicit" and args.prm_online:
+        return "PRIME"
+    source = {"implicit": "implicit PRM" + ("" if args.prm_online else " (offline)"), "none": "outcome only",
+              "opd": "OPD", "gopd": "G-OPD", "step": "step PRM"}[args.process]
+    return f"{args.estimator.upper() if args.estimator != 'prm-value' else 'PRM-value'} + {source}"
+
+
+def fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+@contextlib.contextmanager
+def timed(times: dict, phase: str):
+    """Add the seconds of the block to times[phase]: the step-time split of PRIME's Table 2."""
+    start = time.time()
+    yield
+    times[phase] = times.get(phase, 0.0) + time.time() - start
+
+
 # ---------------------------------------------------------------------------------------------------
 # Summaries of a metric over steps
 # ---------------------------------------------------------------------------------------------------
@@ -136,14 +228,24 @@ def set_rng_state(state: dict) -> None:
 def save_checkpoint(run_dir: Path, step: int, models, d: Dist) -> None:
     """runs/<name>/checkpoint/: models, optimisers, step, and one RNG file per rank (models.Models).
 
-    Written to checkpoint.tmp, then renamed over the old one: a kill at any moment leaves either the
-    old or the new checkpoint complete, never half of one."""
-    tmp, final = run_dir / "checkpoint.tmp", run_dir / "checkpoint"
+    A complete checkpoint is on disk at every moment, so a node that dies mid-save can always resume:
+      1. every rank writes into a new folder beside the old one, checkpoint-<step>/ (rank 0 the models
+         and optimisers, each rank its RNG file);
+      2. once all have written, rank 0 points `checkpoint` at it: a symbolic link made under a
+         temporary name and renamed over the old link, one atomic rename;
+      3. then it removes the old folder.
+    A kill before 2 leaves the old link and the old folder whole (the half-written new folder is
+    removed by the next save); a kill after 2 leaves the new one whole and, at worst, an old folder
+    that the next save removes. --resume reads whatever `checkpoint` points at."""
+    link = run_dir / "checkpoint"
+    current = os.readlink(link) if link.is_symlink() else None
+    name = f"checkpoint-{step}" if current != f"checkpoint-{step}" else f"checkpoint-{step}-again"
+    new = run_dir / name
     if d.master:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        shutil.rmtree(new, ignore_errors=True)
+        new.mkdir(parents=True)
     barrier(d)
-    torch.save(rng_state(), tmp / f"rng_rank{d.rank}.pt")
+    torch.save(rng_state(), new / f"rng_rank{d.rank}.pt")
     if d.master:
         state = lambda m: unwrap(m).state_dict() if m is not None else None  # noqa: E731
         torch.save({"step": step, "policy": state(models.policy), "policy_opt": models.policy_opt.state_dict(),
@@ -151,19 +253,36 @@ def save_checkpoint(run_dir: Path, step: int, models, d: Dist) -> None:
                     "prm_opt": models.prm_opt.state_dict() if models.prm is not None else None,
                     "critic": state(models.critic),
                     "critic_opt": models.critic_opt.state_dict() if models.critic is not None else None,
-                    "world": d.world}, tmp / "state.pt")
+                    "world": d.world}, new / "state.pt")
     barrier(d)
     if d.master:
-        replace_folder(tmp, final)
+        point_checkpoint_at(run_dir, name)
+        for old in run_dir.glob("checkpoint-*"):  # the previous checkpoint, and any a kill left half-written
+            if old.name != name:
+                shutil.rmtree(old, ignore_errors=True)
     barrier(d)
+
+
+def point_checkpoint_at(run_dir: Path, name: str) -> None:
+    """Make run_dir/checkpoint a link to run_dir/<name> with one atomic rename (step 2 above)."""
+    link, tmp = run_dir / "checkpoint", run_dir / ".checkpoint-link.tmp"
+    if link.exists() and not link.is_symlink():  # a run folder from before links: keep its checkpoint
+        os.replace(link, run_dir / "checkpoint-0-legacy")  # whole, under a name the next save removes
+    tmp.unlink(missing_ok=True)
+    os.symlink(name, tmp)  # relative: the run folder can be moved
+    os.replace(tmp, link)
 
 
 def load_checkpoint(run_dir: Path, models, d: Dist) -> int:
-    """Restore what save_checkpoint wrote into `models` and this rank's RNG streams; the step to resume at."""
+    """Restore what save_checkpoint wrote into `models` and this rank's RNG streams; the step to resume at.
+
+    The file is mapped from disk into CPU memory (mmap), never loaded whole onto a GPU: each tensor
+    goes to its model's device as load_state_dict copies it. Call it before a vLLM engine takes its
+    share of the GPU."""
     path = run_dir / "checkpoint"
     if not (path / "state.pt").exists():
         raise SystemExit(f"--resume: no checkpoint in {path}")
-    state = torch.load(path / "state.pt", map_location=d.device, weights_only=False)
+    state = torch.load(path / "state.pt", map_location="cpu", mmap=True, weights_only=False)
     if state["world"] != d.world:
         raise SystemExit(f"--resume: checkpoint was written by {state['world']} ranks, this run has {d.world}")
     if (state["prm"] is None) != (models.prm is None):

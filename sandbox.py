@@ -273,6 +273,14 @@ def announce(required: str = "auto") -> str:
 
 
 @functools.cache
+
+def announce_or_exit(required: str = "auto") -> str:
+    """announce(), with a missing isolation that --sandbox namespaces requires stopping the run, saying why."""
+    try:
+        return announce(required)
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from None
+
 def sandbox_mode() -> str:
     """"namespaces", "nobody" or "rlimits": the code-sandbox defences available (see the top).
 

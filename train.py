@@ -28,24 +28,21 @@ Simplifications relative to the paper's setup (each one a choice a reader should
     3. One PPO epoch, no KL term, no entropy bonus (as the paper's run).
     4. Generation: `--rollout vllm` (the default where vLLM and a GPU are present) runs a vLLM engine
        inside each rank, fed the policy's weights after every update; `--rollout hf` samples with HF
-       `generate` on the policy itself. Held-out accuracy always uses HF decoding.
+       `generate` on the policy itself. The held-out evaluation samples with the same sampler.
     5. Each optimizer step minimises the token mean over its whole mini-batch, all ranks and micro-
        batches (--loss-mean global), so the split changes nothing; the official code averaged the
        micro-batch means (--loss-mean micro, what the paper's runs did).
 """
 
-import contextlib
 import dataclasses
 import gc
 import os
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import transformers
 from tqdm import tqdm
 
@@ -59,11 +56,12 @@ import toy_task
 import verify
 from config import Args, parse_args
 from data import Task, load_tasks
-from ddp import Dist, all_reduce, barrier, check_shared_storage, print0, setup_distributed, unwrap
+from ddp import Dist, all_reduce, all_reduce_max, barrier, close, print0, setup_distributed, unwrap
 from microbatch import (MicroBatch, critic_values, logprobs_no_grad, plan_update, response_logprobs, run_update,
                         values_no_grad)
 from models import Models, build_models, make_sampler, memory_line
 from rollout import Rollout, concat_rollouts
+from runlog import timed
 
 # ---------------------------------------------------------------------------------------------------
 # Steps 1-3: sample, verify, filter
@@ -121,7 +119,7 @@ def filter_groups(outcome, ro: Rollout, args: Args, cap: int | None = None):
     groups = keep.nonzero().squeeze(-1)[:cap]
     n_prm_groups = len(groups)
     if args.prm_groups == "mixed":
-        mixed = mixed_groups(outcome, args.n_samples)[groups]
+        mixed = prime.mixed_groups(outcome, args.n_samples)[groups]
         groups = torch.cat([groups[mixed], groups[~mixed]])  # stable: mixed first, each part in order
         n_prm_groups = int(mixed.sum())
     rows = (groups[:, None] * args.n_samples + torch.arange(args.n_samples)).reshape(-1)
@@ -150,12 +148,6 @@ def refill(args: Args, sampler, train_tasks: list[Task], tokenizer, step: int, d
     return tasks, ro, texts, scores, outcome, draws
 
 
-def mixed_groups(outcome, n_samples: int) -> torch.Tensor:
-    """(B,) outcomes -> (G,) bool: the groups whose responses do not all have the same outcome."""
-    grouped = outcome.view(-1, n_samples)
-    return grouped.max(-1).values > grouped.min(-1).values
-
-
 @dataclass
 class Batch:
     """What steps 4-6 train on: the kept groups of one iteration, on the device."""
@@ -167,6 +159,12 @@ class Batch:
     questions: list[str]       # their prompts' text
     n_train: int               # rows that carry gradient (0 when nothing was kept)
     n_prm: int                 # rows the implicit PRM learns from (the first n_prm)
+
+    @property
+    def train_mask(self) -> torch.Tensor:
+        """(B, R) the mask of the rows that carry gradient: what the batch statistics (whitening, the
+        process-reward normaliser, the metrics) are taken over; a placeholder group counts nowhere."""
+        return self.mask * (torch.arange(len(self.mask), device=self.mask.device) < self.n_train)[:, None]
 
 
 def kept_batch(ro: Rollout, outcome, texts: list[str], tasks: list[Task], args: Args, d: Dist):
@@ -253,20 +251,20 @@ def process_signal(args: Args, models: Models, b: Batch, logp_old, logp_ref, d: 
     return signal, signal.sum(-1), step_ids, losses
 
 
-def process_rewards(args: Args, signal, step_ids, mask, outcome):
+def process_rewards(args: Args, signal, step_ids, mask, outcome, d: Dist):
     """Per-token process rewards r_t for the estimators' Eq. 5, from the raw signal.
 
     A step score is one reward per step, placed on the step's last token (a token-level signal is a
     reward on every token). With --process-groups mixed, only the groups whose outcomes differ keep
     theirs (0 elsewhere, before scaling). Scaling, --process-norm: 'batch' (official) divides by the
-    batch's largest |return-to-go|, for any source; 'beta' (paper Eq. 3) multiplies log-ratio signals
-    by beta and leaves step scores, already in [0, 1], as they are."""
+    batch's largest |return-to-go| (all ranks': the whole batch's), for any source; 'beta' (paper
+    Eq. 3) multiplies log-ratio signals by beta and leaves step scores, already in [0, 1], as they are."""
     if args.process == "step":
         signal = step_prm.step_end_rewards(signal, step_ids, mask)
     if args.process_groups == "mixed":
-        signal = signal * mixed_groups(outcome, args.n_samples).repeat_interleave(args.n_samples)[:, None]
+        signal = signal * prime.mixed_groups(outcome, args.n_samples).repeat_interleave(args.n_samples)[:, None]
     if args.process_norm == "batch":
-        return prime.normalize_process_reward(signal, mask)
+        return prime.normalize_process_reward(signal, mask, max_over_ranks=d.max)
     return signal if args.process == "step" else args.beta * signal
 
 
@@ -277,7 +275,7 @@ def pairwise_accuracy_sum(sequence_score, outcome, n_train: int, args: Args) -> 
     all-wrong groups) a mean over every group would sit near 0.5 and hide what the PRM learned."""
     if args.process == "none" or n_train == 0:
         return [0.0, 0]
-    mixed = mixed_groups(outcome[:n_train], args.n_samples)
+    mixed = prime.mixed_groups(outcome[:n_train], args.n_samples)
     if not mixed.any():
         return [0.0, 0]
     rows = mixed.repeat_interleave(args.n_samples)
@@ -318,8 +316,10 @@ def warmup_prm(args: Args, models: Models, sampler, train_tasks, d: Dist) -> lis
         tasks = step_prompts(args, train_tasks, models.tokenizer, -1 - i, d)
         ro = sampler.generate([task.prompt_ids for task in tasks], n=args.n_samples)
         texts, _, outcome = verify_rollouts(sampler, ro, tasks, args)
+        sampler.sleep()  # --vllm-sleep: as in the loop, the engine sleeps through the PRM's update
         b, _ = kept_batch(ro, outcome, texts, tasks, args, d)
         log_ratio, _ = implicit_prm_step(models.prm, models.prm_opt, b, logprobs_no_grad(reference, b.ro, args), args, d)
+        sampler.push_weights(unwrap(models.policy))  # the same policy: only wakes the engine
         accuracies.append(all_reduce(pairwise_accuracy_sum(log_ratio.sum(-1), b.outcome, b.n_train, args), d))
     return [a / n if n else float("nan") for a, n in accuracies]  # NaN: a batch without a mixed group
 
@@ -329,8 +329,11 @@ def warmup_prm(args: Args, models: Models, sampler, train_tasks, d: Dist) -> lis
 # ---------------------------------------------------------------------------------------------------
 
 
-def advantages(args: Args, models: Models, b: Batch, process, signal, step_ids, formats):
+def advantages(args: Args, models: Models, b: Batch, process, signal, step_ids, formats, d: Dist):
     """Step 5, the estimator of --estimator: (advantages (B, R), PPO's GAE returns and old values or None).
+    Batch statistics (whitening, PASS's batch normaliser and trace) are the whole batch's, summed
+    over ranks (d.sum, d.max), as the official code computes them in one place: 1 and 8 GPUs give
+    the same advantages for the same global batch.
 
         rloo       Eq. 4-5: RLOO over the outcome and over the process rewards, whitened (PRIME)
         grpo       group-normalised outcome (+ process returns)                      (Fig. 7)
@@ -339,7 +342,7 @@ def advantages(args: Args, models: Models, b: Batch, process, signal, step_ids, 
         ppo        GAE over token rewards with a learned critic, whitened            (Table 4)
         pass       PASS: the raw process signal shaped into GRPO's advantage         (pass_advantage.py)"""
     process_in = process if args.process != "none" else None
-    outcome, mask, returns, old_values = b.outcome, b.mask, None, None
+    outcome, mask, returns, old_values = b.outcome, b.train_mask, None, None
     if args.estimator == "rloo":
         adv = prime.rloo_advantage(process_in, outcome, mask, args.n_samples, args.process_gamma, args.rloo_form,
                                    args.outcome_gamma)
@@ -360,13 +363,14 @@ def advantages(args: Args, models: Models, b: Batch, process, signal, step_ids, 
         if args.pass_preset == "v1":
             preset = dict(preset, step_ids=step_ids)
         pass_in = args.beta * signal if args.process == "implicit" else signal
-        adv = pass_advantage.pass_advantage(pass_in, mask, outcome, formats, group_ids, **preset)
+        adv = pass_advantage.pass_advantage(pass_in, mask, outcome, formats, group_ids, **preset,
+                                            sum_over_ranks=d.sum, max_over_ranks=d.max)
     if args.estimator in ("rloo", "reinforce", "prm-value", "ppo"):
-        adv = prime.whiten(adv, mask)  # official: global whitening of every advantage
+        adv = prime.whiten(adv, mask, sum_over_ranks=d.sum)  # official: global whitening of every advantage
     return adv, returns, old_values
 
 
-def needs_old_logprobs(args: Args, models: Models) -> bool:
+def needs_old_logprobs(args: Args, models: Models, ro: Rollout) -> bool:
     """Whether pi_old's log-probs need a forward pass of their own before the updates.
 
     With one optimizer step per batch (--mini-batches 1) the policy that takes the step IS the old
@@ -374,22 +378,40 @@ def needs_old_logprobs(args: Args, models: Models) -> bool:
     the first PPO epoch, and a separate pass would only compute the same numbers again (one forward
     of eight in a default step). The pass is needed with several mini-batches (from the second one
     on, the model is no longer the old policy), where the old policy is the PRM's reference
-    (--reference policy) and where it is the student of OPD and G-OPD."""
-    return (args.mini_batches > 1 or args.process in ("opd", "gopd")
+    (--reference policy), where it is the student of OPD and G-OPD, and where another engine sampled
+    (vLLM: the rollout correction compares the two engines' log-probs before the update)."""
+    return (args.mini_batches > 1 or args.process in ("opd", "gopd") or ro.sampler_logprobs is not None
             or (args.process == "implicit" and models.reference is None))
 
 
-def update_policy(args: Args, models: Models, b: Batch, logp_old, adv, ppo_targets, step: int, d: Dist):
-    """Step 6, Eq. 6: one PPO-clip step of the policy per mini-batch (token mean); with
-    --estimator ppo, the critic's clipped value loss on the same micro-batches. (policy losses,
-    value losses), each step's loss, the same on every rank."""
+def rollout_correction(args: Args, b: Batch, logp_old):
+    """The sampler is not the trainer (vLLM draws with its own kernels, in bf16 on a GPU): the
+    importance weights of --rollout-correction for the policy loss (None: every weight 1), and what
+    they saw before any cap, as sums over ranks (prime.rollout_mismatch). HF rollouts sample from the
+    policy itself, so they bring no log-probs of their own: no weights, nothing to log."""
+    if b.ro.sampler_logprobs is None:
+        return None, {}
+    logp_rollout = b.ro.sampler_logprobs.to(logp_old.device)
+    level, _, mode = args.rollout_correction.partition("-")
+    level = "token" if level == "none" else level
+    seen = prime.rollout_mismatch(logp_old, logp_rollout, b.train_mask, level, args.rollout_correction_cap)
+    if args.rollout_correction == "none":
+        return None, seen
+    return prime.rollout_is_weights(logp_old, logp_rollout, b.mask, level, mode, args.rollout_correction_cap), seen
+
+
+def update_policy(args: Args, models: Models, b: Batch, logp_old, adv, ppo_targets, is_weights, step: int, d: Dist):
+    """Step 6, Eq. 6: one PPO-clip step of the policy per mini-batch (token mean), each token's loss
+    weighted by the rollout correction's `is_weights` (None: 1); with --estimator ppo, the critic's
+    clipped value loss on the same micro-batches. (policy losses, value losses), each step's loss,
+    the same on every rank."""
     returns, old_values = ppo_targets
 
     def policy_loss_fn(mb: MicroBatch):
         logp = response_logprobs(models.policy, mb.rollout(b.ro), args.temperature)
         old = mb.of(logp_old) if logp_old is not None else logp.detach()  # see needs_old_logprobs
-        return prime.ppo_clip_loss(logp, old, mb.of(adv), mb.of(b.mask), args.clip_eps,
-                                   args.dual_clip or None)
+        return prime.ppo_clip_loss(logp, old, mb.of(adv), mb.of(b.mask), args.clip_eps, args.dual_clip or None,
+                                   mb.of(is_weights) if is_weights is not None else None)
 
     def value_loss_fn(mb: MicroBatch):
         return prime.value_loss(critic_values(models.critic, mb.rollout(b.ro)), mb.of(old_values), mb.of(returns),
@@ -412,69 +434,18 @@ def update_policy(args: Args, models: Models, b: Batch, logp_old, adv, ppo_targe
 # ---------------------------------------------------------------------------------------------------
 
 
-def step_counts(args: Args, tasks: list[Task], ro: Rollout, scores, outcome, kinds: list[str]) -> dict:
-    """This rank's counts of the sampled responses, to be summed over ranks (named, never by position)."""
-    row_kinds = [task.kind for task in tasks for _ in range(args.n_samples)]
-    counts = {"reward": outcome.sum().item(), "responses": len(outcome), "prompts": len(tasks),
-              "tokens": ro.response_mask.sum().item(), "truncated": float(ro.truncated.sum()),
-              "format": sum(s.format for s in scores), "mixed_groups": int(mixed_groups(outcome, args.n_samples).sum())}
-    for k in kinds:  # a file mixing kinds (PRIME's data: math and code rows) logs the reward of each
-        counts[f"reward_{k}"] = sum(s.reward for s, rk in zip(scores, row_kinds) if rk == k)
-        counts[f"responses_{k}"] = row_kinds.count(k)
-    return counts
-
-
-def step_metrics(args: Args, step: int, sums: dict, kept_per_rank: list, losses: dict, process, mask) -> dict:
-    """One line of metrics.jsonl from the counts summed over ranks (step_counts and the step's own)."""
-    mean = lambda values: float(np.mean(values)) if values else 0.0  # noqa: E731 (run_update's are global already)
-    n = sums["responses"]
-    metrics = {
-        "step": step + 1,
-        "reward": sums["reward"] / n,
-        "kept_groups": int(sums["kept_groups"]), "prompts": int(sums["prompts"]),
-        "refill_draws": int(sums["refill_draws"]),  # --filter-mode refill: extra draws, all ranks
-        "kept_groups_per_rank": [int(k) for k in kept_per_rank],
-        "response_length": sums["tokens"] / n,
-        "truncated_fraction": sums["truncated"] / n,
-        "format": sums["format"] / n,
-        "mixed_groups": int(sums["mixed_groups"]),  # of all sampled groups: some responses right, some wrong
-        # Fig. 5, over the mixed kept groups
-        "prm_accuracy": sums["prm_accuracy"] / sums["prm_groups"] if sums["prm_groups"] and args.process != "none"
-        else None,
-        "prm_loss": mean(losses["prm"]),
-        "policy_loss": mean(losses["policy"]),
-        "process_reward_abs_mean": prime.masked_mean(process.abs(), mask).item(),
-        # the share of wrong responses whose most blamed step is their first wrong one
-        "prm_localization": sums["localized"] / sums["wrong"] if sums["wrong"] else None,
-    }
-    if args.estimator == "ppo":
-        metrics["value_loss"] = mean(losses["value"])
-    for key in sums:  # e.g. reward_math, reward_code; None on a step without that kind
-        if key.startswith("responses_"):
-            kind = key.removeprefix("responses_")
-            metrics[f"reward_{kind}"] = sums[f"reward_{kind}"] / sums[key] if sums[key] else None
-    return metrics
-
-
-def run_label(args: Args) -> str:
-    """What runs, for the progress bar: 'PRIME' only for RLOO with the online implicit PRM."""
-    if args.estimator == "rloo" and args.process == "implicit" and args.prm_online:
-        return "PRIME"
-    source = {"implicit": "implicit PRM" + ("" if args.prm_online else " (offline)"), "none": "outcome only",
-              "opd": "OPD", "gopd": "G-OPD", "step": "step PRM"}[args.process]
-    return f"{args.estimator.upper() if args.estimator != 'prm-value' else 'PRM-value'} + {source}"
-
-
-def _fmt(x) -> str:
-    return "n/a" if x is None else f"{x:.2f}"
-
-
-@contextlib.contextmanager
-def timed(times: dict, phase: str):
-    """Add the seconds of the block to times[phase]: the step-time split of PRIME's Table 2."""
-    start = time.time()
-    yield
-    times[phase] = times.get(phase, 0.0) + time.time() - start
+def start_accuracy(args: Args, run_dir, sampler, eval_tasks, d: Dist) -> tuple[dict, float]:
+    """The starting checkpoint's held-out accuracy ({"greedy", "sampled"}), written to summary.json
+    (read back from it on --resume), and the seconds it took (every evaluation of a launch is timed)."""
+    saved = runlog.read_run(run_dir)["summary"] if args.resume else {}
+    if "start_accuracy" in saved:
+        return {"greedy": saved["start_accuracy"], "sampled": saved["start_sampled_accuracy"]}, 0.0
+    t = time.time()
+    start = evaluation.heldout_metrics(sampler, eval_tasks, args, d)
+    if d.master:
+        runlog.write_json(run_dir / "summary.json", {"start_accuracy": start["greedy"],
+                                                     "start_sampled_accuracy": start["sampled"]})
+    return start, time.time() - t
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -494,15 +465,7 @@ def main(argv=None):
     if d.device.type == "cpu":
         # OMP_NUM_THREADS wins (e.g. 1 when several runs share a small machine), else the cores per rank
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // d.world)))
-    run_dir = Path(args.out_dir) / (args.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
-    if d.master:
-        if run_dir.exists() and not args.resume and (run_dir / "metrics.jsonl").exists():
-            raise SystemExit(f"{run_dir} already holds a run: pass --resume to continue it or choose another --run-name")
-        run_dir.mkdir(parents=True, exist_ok=True)
-    barrier(d)
-    check_shared_storage(run_dir, "--out-dir", d)
-    if not args.model:  # rank 0 builds the embedded SFT checkpoint there; every rank loads it
-        check_shared_storage(Path(args.cache_dir), "--cache-dir", d)
+    run_dir = runlog.make_run_dir(args, d)
 
     # Alg. 1 lines 1-2: policy, PRM and reference all start from the SFT checkpoint
     models = build_models(args, d)
@@ -510,29 +473,21 @@ def main(argv=None):
     train_tasks, eval_tasks = load_tasks(args, tokenizer)
     kinds = sorted({t.kind for t in train_tasks})
     if "code" in kinds + [t.kind for t in eval_tasks]:  # the policy's programs will run: say where
-        print0(d, code_sandbox_line(args))
+        print0(d, sandbox.announce_or_exit(args.sandbox))
     kinds = kinds if len(kinds) > 1 else []  # a file mixing math and code logs each kind's reward
-    sampler = make_sampler(args, models, d)
-    start_step, eval_seconds = 0, 0.0  # eval_seconds: every held-out evaluation of this launch
-    if args.resume:
+    start_step = 0
+    if args.resume:  # mapped into CPU memory, then into the models: before vLLM takes its share of the GPU
         start_step = runlog.load_checkpoint(run_dir, models, d)
-        sampler.push_weights(unwrap(models.policy))  # a vLLM engine loaded the SFT checkpoint, not this one
         if d.master:
             runlog.truncate_metrics(run_dir / "metrics.jsonl", start_step)
         print0(d, f"resumed {run_dir} at step {start_step}")
+    sampler = make_sampler(args, models, d)
+    if args.resume:
+        sampler.push_weights(unwrap(models.policy))  # a vLLM engine loaded the SFT checkpoint, not this one
     if d.master:
         runlog.write_json(run_dir / "config.json", {**dataclasses.asdict(args), "model_path": models.path,
                                                     "world_size": d.world})
-    saved = runlog.read_run(run_dir)["summary"] if args.resume else {}
-    if "start_accuracy" in saved:
-        start = {"greedy": saved["start_accuracy"], "sampled": saved["start_sampled_accuracy"]}
-    else:
-        t = time.time()
-        start = evaluation.heldout_metrics(models.policy, tokenizer, eval_tasks, args, d)
-        eval_seconds += time.time() - t
-        if d.master:
-            runlog.write_json(run_dir / "summary.json", {"start_accuracy": start["greedy"],
-                                                         "start_sampled_accuracy": start["sampled"]})
+    start, eval_seconds = start_accuracy(args, run_dir, sampler, eval_tasks, d)
     print0(d, f"held-out accuracy of the starting checkpoint: greedy {start['greedy']:.3f}, sampled "
               f"{start['sampled']:.3f} ({len(eval_tasks)} problems x {args.eval_samples} at T={args.temperature})")
     if args.prm_warmup_steps and not args.resume:  # an offline PRM: fit on the starting policy's rollouts
@@ -543,7 +498,7 @@ def main(argv=None):
     wall_start = time.time()
     phase_totals = dict.fromkeys(("rollout", "verify", "prm", "policy", "eval", "other"), 0.0)
     bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, disable=not d.master,
-               desc=run_label(args), dynamic_ncols=True)
+               desc=runlog.run_label(args), dynamic_ncols=True)
     for step in bar:
         t_step, times = time.time(), {}
 
@@ -561,12 +516,14 @@ def main(argv=None):
         if args.filter_mode == "refill":  # the official code: fresh prompts until the batch is full
             tasks, ro, texts, scores, outcome, draws = refill(args, sampler, train_tasks, tokenizer, step, d,
                                                               (tasks, ro, texts, scores, outcome), times)
+        sampler.sleep()  # --vllm-sleep: sampling is done, the engine's GPU memory goes to the updates
         b, n_kept_groups = kept_batch(ro, outcome, texts, tasks, args, d)
         with timed(times, "policy"):  # old and reference log-probs, recomputed by the training models
             logp_old = logprobs_no_grad(unwrap(models.policy), b.ro, args, args.temperature) \
-                if needs_old_logprobs(args, models) else None  # else the update's own forward gives them
+                if needs_old_logprobs(args, models, b.ro) else None  # else the update's own forward gives them
             # App. B.1: with --reference policy the rollout policy is the reference
             logp_ref = logprobs_no_grad(models.reference, b.ro, args) if models.reference is not None else logp_old
+            is_weights, mismatch = rollout_correction(args, b, logp_old)  # vLLM sampled: pi_old / pi_vllm
 
         # 4. Process signal: the implicit PRM's rewards (Eq. 3) and its CE update (lines 7-8) ------
         with timed(times, "prm"):
@@ -574,29 +531,32 @@ def main(argv=None):
             step_ids_toy, first_wrong = toy_steps(args, b, tokenizer)
             localized, n_wrong = localization_sum(args, b, signal, step_ids_toy, first_wrong, d)
 
-        # 5. Advantages, Eq. 5 (line 9) -------------------------------------------------------------
-        process = process_rewards(args, signal, step_ids, b.mask, b.outcome)  # (B, R) per-token rewards
+        # 5. Advantages, Eq. 5 (line 9), with the whole batch's statistics over all ranks ------------
+        process = process_rewards(args, signal, step_ids, b.train_mask, b.outcome, d)  # (B, R) per-token rewards
         formats = torch.tensor([scores[i].format for i in b.rows.tolist()], dtype=torch.float32, device=d.device)
-        adv, *ppo_targets = advantages(args, models, b, process, signal, step_ids, formats)
+        adv, *ppo_targets = advantages(args, models, b, process, signal, step_ids, formats, d)
 
         # 6. PPO clip update of the policy, Eq. 6 (line 10), and the sampler's weights (line 11) ----
         with timed(times, "policy"):
-            policy_losses, value_losses = update_policy(args, models, b, logp_old, adv, ppo_targets, step, d)
-            if step >= args.critic_warmup_steps:
-                sampler.push_weights(unwrap(models.policy))
+            policy_losses, value_losses = update_policy(args, models, b, logp_old, adv, ppo_targets, is_weights,
+                                                        step, d)
+            sampler.push_weights(unwrap(models.policy))  # (wakes a sleeping engine)
 
         # 7. Log and checkpoint -----------------------------------------------------------------------
         prm_accuracy, prm_groups = pairwise_accuracy_sum(sequence_score, b.outcome, b.n_train, args)
-        sums = all_reduce({**step_counts(args, tasks, ro, scores, outcome, kinds), "kept_groups": n_kept_groups,
-                           "refill_draws": draws,
-                           "prm_accuracy": prm_accuracy, "prm_groups": prm_groups, "localized": localized,
-                           "wrong": n_wrong}, d)
+        sums = all_reduce({**runlog.step_counts(args, tasks, ro, scores, outcome, kinds), "kept_groups": n_kept_groups,
+                           "refill_draws": draws, "prm_accuracy": prm_accuracy, "prm_groups": prm_groups,
+                           "localized": localized, "wrong": n_wrong, "process_abs": (process.abs() * b.train_mask).sum().item(),
+                           "process_tokens": b.train_mask.sum().item(),
+                           **{k: v for k, v in mismatch.items() if k != "rho_max"}}, d)
+        if mismatch:
+            sums["rho_max"] = all_reduce_max([mismatch["rho_max"]], d)[0]
         kept_per_rank = all_reduce([n_kept_groups if r == d.rank else 0 for r in range(d.world)], d)
-        metrics = step_metrics(args, step, sums, kept_per_rank,
-                               {"prm": prm_losses, "policy": policy_losses, "value": value_losses}, process, b.mask)
+        metrics = runlog.step_metrics(args, step, sums, kept_per_rank,
+                               {"prm": prm_losses, "policy": policy_losses, "value": value_losses})
         with timed(times, "eval"):
             if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
-                held = evaluation.heldout_metrics(models.policy, tokenizer, eval_tasks, args, d)
+                held = evaluation.heldout_metrics(sampler, eval_tasks, args, d)
                 metrics["heldout_accuracy"], metrics["heldout_sampled_accuracy"] = held["greedy"], held["sampled"]
         eval_seconds += times["eval"]
         times["other"] = (time.time() - t_step) - sum(times.values())  # filter, advantages, metrics
@@ -605,7 +565,7 @@ def main(argv=None):
             reward = args.beta * signal if args.process == "implicit" else signal  # Eq. 3's r_phi per token
             runlog.write_episodes(run_dir, step + 1, b.ro, texts, b.rows, b.n_train, b.outcome, process, reward,
                                   step_ids_toy, first_wrong, tokenizer, args.episodes_per_step)
-            bar.set_postfix(reward=f"{metrics['reward']:.3f}", prm_acc=_fmt(metrics["prm_accuracy"]),
+            bar.set_postfix(reward=f"{metrics['reward']:.3f}", prm_acc=runlog.fmt(metrics["prm_accuracy"]),
                             kept=f"{metrics['kept_groups']}/{metrics['prompts']}")
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             runlog.save_checkpoint(run_dir, step + 1, models, d)
@@ -617,58 +577,25 @@ def main(argv=None):
 
     # End: held-out accuracy of the final policy, curves, summary, final checkpoint -------------------
     t = time.time()
-    end = evaluation.heldout_metrics(models.policy, tokenizer, eval_tasks, args, d)
+    end = evaluation.heldout_metrics(sampler, eval_tasks, args, d)
     eval_seconds += time.time() - t
     if d.master:  # final/ first: a summary with end_accuracy marks a finished run (reproduce.py)
         toy_task.save_pretrained_atomic(unwrap(models.policy), tokenizer, run_dir / "final")
         n_steps = max(args.steps - start_step, 1)
         timing = {"wall_seconds": time.time() - wall_start,
                   "step_seconds": {k: v / n_steps for k, v in phase_totals.items()}, "eval_seconds": eval_seconds}
-        write_summary(run_dir, args, start, end, timing, len(eval_tasks))
+        evaluation.write_summary(run_dir, args, start, end, timing, len(eval_tasks))
     barrier(d)  # every rank leaves together, after rank 0's summary
-    if d.world > 1:
-        # DDP's reducers hold the process group too. Freed after destroy_process_group, the last one would
-        # free gloo's group holding the GIL while gloo's threads may wait for it: a hang at exit
-        # (pytorch#56297). So the DDP models go first (gc.collect for any in a cycle), then the group.
-        del models
-        gc.collect()
+    # DDP's reducers hold the process group too. Freed after destroy_process_group, the last one would
+    # free gloo's group holding the GIL while gloo's threads may wait for it: a hang at exit
+    # (pytorch#56297). So the DDP models go first (gc.collect for any in a cycle), then the group.
+    del models
+    gc.collect()
     if args.rollout == "vllm":
         sampler.close()  # vLLM's shutdown destroys its process groups, the default one included
-    elif d.world > 1:
-        dist.destroy_process_group()
+    close(d)  # whenever a group was made (torchrun with one rank too), and vLLM did not already
     return run_dir
 
-
-def code_sandbox_line(args: Args) -> str:
-    """The code sandbox's mode and what it leaves open; --sandbox namespaces stops the run without it."""
-    try:
-        return sandbox.announce(args.sandbox)
-    except RuntimeError as error:
-        raise SystemExit(str(error)) from None
-
-
-def write_summary(run_dir: Path, args: Args, start: dict, end: dict, timing: dict, eval_problems: int) -> None:
-    """summary.json, curves.png and episodes.png, and the run's closing lines on the terminal."""
-    metrics = runlog.read_run(run_dir)["metrics"]
-    summary = {"start_accuracy": start["greedy"], "end_accuracy": end["greedy"],
-               "start_sampled_accuracy": start["sampled"], "end_sampled_accuracy": end["sampled"],
-               "steps": args.steps, "eval_problems": eval_problems, "wall_seconds": timing["wall_seconds"],
-               "step_seconds": timing["step_seconds"], "eval_seconds": timing["eval_seconds"],
-               "final_reward_10": float(np.mean([m["reward"] for m in metrics[-10:]])),
-               "final_prm_accuracy_10": runlog.nanmean([m["prm_accuracy"] for m in metrics[-10:]]),
-               "final_prm_localization_10": runlog.nanmean([m.get("prm_localization") for m in metrics[-10:]])}
-    runlog.write_json(run_dir / "summary.json", summary)
-    evaluation.plot_runs([run_dir], run_dir / "curves.png")
-    if not args.data:  # the episode picture: which tokens the process signal blamed
-        evaluation.plot_episodes(run_dir)
-    split = ", ".join(f"{k} {v:.2f}s" for k, v in summary["step_seconds"].items())
-    print(f"\nheld-out accuracy ({eval_problems} problems): greedy {start['greedy']:.3f} -> {end['greedy']:.3f}; "
-          f"sampled ({args.eval_samples} per problem) {start['sampled']:.3f} -> {end['sampled']:.3f}")
-    print(f"training reward (last 10 steps): {summary['final_reward_10']:.3f}; "
-          f"PRM pairwise accuracy (last 10): {_fmt(summary['final_prm_accuracy_10'])}; "
-          f"localisation (last 10): {_fmt(summary['final_prm_localization_10'])}")
-    print(f"time per step: {split}; wall {timing['wall_seconds']:.0f}s")
-    print(f"run folder: {run_dir} (metrics.jsonl, episodes.jsonl, curves.png, final/, summary.json)", flush=True)
 
 
 if __name__ == "__main__":

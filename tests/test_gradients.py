@@ -241,6 +241,31 @@ def test_ppo_clip_loss_gradient_on_a_ragged_batch(dtype, dual_clip):
         assert g[2, 0].item() == pytest.approx(math.e / n, rel=1e-5)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ppo_clip_loss_with_rollout_weights_gradient(dtype):
+    """The rollout correction's weights scale each token's loss and receive no gradient."""
+    lengths = [5, 2, 4]
+    logp, mask = ragged(lengths, seed=17, dtype=dtype, pad=0.0)
+    logp_old = torch.where(mask.bool(), logp + 0.5 * ragged(lengths, seed=18, dtype=dtype)[0], logp)
+    adv, _ = ragged(lengths, seed=19, dtype=dtype)
+    adv = torch.where(mask.bool(), adv, torch.full_like(adv, 1e9))  # train.py's advantages are finite everywhere
+    weights = torch.where(mask.bool(), 2.0 * torch.rand(mask.shape, generator=torch.Generator().manual_seed(3),
+                                                        dtype=torch.float64).to(dtype), torch.zeros_like(mask))
+
+    def plain(a, b, c, w):
+        total, count = 0.0, 0
+        for i, L in enumerate(lengths_of(mask)):
+            for t in range(L):
+                ratio = torch.exp(a[i, t] - b[i, t])
+                loss = torch.maximum(-ratio * c[i, t], -torch.clamp(ratio, 0.8, 1.2) * c[i, t])
+                total, count = total + w[i, t].detach() * loss, count + 1
+        return total / count
+
+    grads = check_grads(lambda a, b, c, w: prime.ppo_clip_loss(a, b, c, mask, 0.2, token_weights=w),
+                        plain, [logp, logp_old, adv, weights], dtype)
+    assert torch.count_nonzero(grads[3]) == 0  # no gradient reaches the weights
+
+
 def test_ppo_dual_clip_by_hand():
     # A = -1 at ratios 0.5, 1.1, 2, 4 with eps 0.2, c = 3: the PPO loss per token is
     # max(-r A, -clip(r) A) = max(r, clip(r)) = [0.8, 1.1, 2, 4]; the dual clip caps it at -c A = 3

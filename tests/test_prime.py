@@ -466,3 +466,70 @@ def test_grpo_process_group_with_zero_std_divides_by_plus_eps():
     # outcome equal -> 0; row 0: z = [0.5, -0.5] / 1e-6 -> rtg [0, -5e5]; row 1: z = 0
     assert got[0].tolist() == pytest.approx([0.0, -0.5 / 1e-6])
     assert got[1].tolist() == [0.0, 0.0]
+
+
+# --------------------------------------------------------------------------- rollout correction
+
+
+def correction_batch():
+    """Two ragged rows: trainer and sampler log-probs, garbage on padding.
+    delta = old - rollout: row 0 [0.5, -1.0, 0.0], row 1 [1.1, 0.0] (+ padding)."""
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, 7.0]])
+    rollout = torch.tensor([[-1.5, -1.0, -0.5], [-1.2, -3.0, -50.0]])
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0]])
+    return old, rollout, mask
+
+
+@pytest.mark.parametrize("level, mode, expected", [
+    ("token", "truncate", [[math.exp(0.5), math.exp(-1.0), 1.0], [2.0, 1.0, 0.0]]),
+    ("token", "mask", [[math.exp(0.5), math.exp(-1.0), 1.0], [0.0, 1.0, 0.0]]),  # e^1.1 = 3.0 > 2: masked
+    ("sequence", "truncate", [[math.exp(-0.5)] * 3, [2.0, 2.0, 0.0]]),  # row sums -0.5 and 1.1
+    ("sequence", "mask", [[math.exp(-0.5)] * 3, [0.0, 0.0, 0.0]]),
+])
+def test_rollout_is_weights_by_hand_on_ragged_rows(level, mode, expected):
+    old, rollout, mask = correction_batch()
+    w = prime.rollout_is_weights(old, rollout, mask, level, mode, cap=2.0)
+    assert w.dtype == torch.float32 and not w.requires_grad
+    torch.testing.assert_close(w, torch.tensor(expected), rtol=1e-6, atol=0)
+
+
+def test_rollout_is_weights_clamps_the_log_ratio_and_takes_no_gradient():
+    old = torch.tensor([[30.0, -30.0]], dtype=torch.float64, requires_grad=True)
+    rollout = torch.zeros(1, 2, dtype=torch.float64)
+    w = prime.rollout_is_weights(old, rollout, torch.ones(1, 2), "token", "truncate", cap=1e12)
+    torch.testing.assert_close(w, torch.tensor([[math.exp(20.0), math.exp(-20.0)]]), rtol=1e-6, atol=0)
+    assert not w.requires_grad  # a weight, never a path for the gradient
+    # equal log-probs (the HF sampler is the trainer): every weight exactly 1, in every mode
+    same = torch.randn(3, 4)
+    for level in prime.IS_LEVELS:
+        for mode in prime.IS_MODES:
+            assert torch.equal(prime.rollout_is_weights(same, same.clone(), torch.ones(3, 4), level, mode, 1.0),
+                               torch.ones(3, 4))
+    with pytest.raises(ValueError, match="level"):
+        prime.rollout_is_weights(same, same, torch.ones(3, 4), level="tok")
+    with pytest.raises(ValueError, match="mode"):
+        prime.rollout_is_weights(same, same, torch.ones(3, 4), mode="clip")
+
+
+def test_rollout_mismatch_by_hand():
+    old, rollout, mask = correction_batch()
+    token = prime.rollout_mismatch(old, rollout, mask, "token", cap=2.0)
+    assert token["abs_logp_diff"] == pytest.approx(0.5 + 1.0 + 0.0 + 1.1 + 0.0, rel=1e-6)
+    assert token["tokens"] == 5 and token["units"] == 5 and token["over_cap"] == 1
+    assert token["rho_max"] == pytest.approx(math.exp(1.1), rel=1e-6)
+    sequence = prime.rollout_mismatch(old, rollout, mask, "sequence", cap=2.0)
+    assert sequence["units"] == 2 and sequence["over_cap"] == 1
+    assert sequence["rho_max"] == pytest.approx(math.exp(1.1), rel=1e-6)
+    assert sequence["abs_logp_diff"] == token["abs_logp_diff"]  # always per token
+
+
+def test_ppo_clip_loss_token_weights_scale_each_tokens_loss_by_hand():
+    # ratio 1 everywhere: loss_t = -A_t; weights [2, 0.5 | 1, (padding)] -> (-2*1 - 0.5*(-2) - 1*4) / 3
+    logp = torch.zeros(2, 2)
+    adv = torch.tensor([[1.0, -2.0], [4.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    weights = torch.tensor([[2.0, 0.5], [1.0, 0.0]])
+    loss = prime.ppo_clip_loss(logp, logp, adv, mask, 0.2, token_weights=weights)
+    assert loss.item() == pytest.approx((-2.0 + 1.0 - 4.0) / 3)
+    assert prime.ppo_clip_loss(logp, logp, adv, mask, 0.2, token_weights=torch.ones(2, 2)).item() == \
+        prime.ppo_clip_loss(logp, logp, adv, mask, 0.2).item()

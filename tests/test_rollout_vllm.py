@@ -5,7 +5,9 @@ The engine runs inside the pytest process, as it runs inside each training proce
 """
 
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -186,6 +188,13 @@ def test_train_with_vllm_rollouts_end_to_end_and_resume(vllm, sft_path, tmp_path
     metrics = run_train(sft_path, tmp_path, "--steps", "3", "--save-every", "1", "--resume")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(m["kept_groups"] == 8 and m["response_length"] > 0 for m in metrics)
+    # the rollout correction measured the two engines' mismatch every step: vLLM's fp32 CPU kernels
+    # against the HF policy's, round-off only here (on a GPU vLLM samples in bf16)
+    for m in metrics:
+        print(f"step {m['step']}: mean |logp_old - logp_vllm| {m['rollout_logp_abs_diff']:.2e}, "
+              f"largest ratio {m['rollout_rho_max']:.6f}, over the cap {m['rollout_over_cap']}")
+        assert 0 <= m["rollout_logp_abs_diff"] < LOGPROB_TOL
+        assert abs(math.log(m["rollout_rho_max"])) < LOGPROB_TOL and m["rollout_over_cap"] == 0
     run_dir = tmp_path / "v"
     assert json.loads((run_dir / "config.json").read_text())["rollout"] == "vllm"
     from transformers import AutoModelForCausalLM
@@ -199,6 +208,31 @@ def test_torchrun_two_ranks_each_with_its_engine(vllm, sft_path, tmp_path):
     step) and samples its own prompt groups; shutting down leaves no error behind."""
     metrics = run_train(sft_path, tmp_path, "--steps", "2", torchrun=2)
     assert [m["kept_groups_per_rank"] for m in metrics] == [[4, 4], [4, 4]]
+
+
+def test_the_engine_sleeps_through_the_updates_and_is_awake_to_sample_refill_and_evaluate(vllm, sft_path, tmp_path):
+    """--vllm-sleep's order of calls in train.py, on the real engine with a recording stand-in for the
+    engine's sleep/wake calls only (vLLM refuses sleep mode on CPU; tests/vllm_sleep_probe.py): every
+    sample is drawn awake (the PRM warm-up's, each step's and its refills', the held-out evaluation's),
+    the engine sleeps once per step after its last sample and before the updates, and the weight push
+    after the update wakes it (weights, then KV cache) before anything samples again."""
+    cmd = [sys.executable, str(REPO / "tests" / "vllm_sleep_probe.py"), "--rollout", "vllm", "--cache-dir",
+           str(sft_path.parent), "--sft-steps", str(SFT_STEPS), "--out-dir", str(tmp_path), "--run-name", "s",
+           "--steps", "2", "--eval-every", "1", "--eval-problems", "8", "--prompts-per-step", "8",
+           "--filter-mode", "refill", "--refill-draws", "2", "--filter-low", "0.3", "--filter-high", "0.7",
+           "--prm-warmup-steps", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=START_ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls = json.loads(proc.stdout.strip().splitlines()[-1])
+    code = {"generate": "g", "generate(asleep)": "!", "sleep(2)": "S", "push_weights": "P", "wake_up(weights)": "W",
+            "wake_up(kv_cache)": "K", "evaluate": "[", "evaluated": "]"}
+    order = "".join(code[c] for c in calls)
+    # start evaluation; PRM warm-up; step 1 (its refills) and its evaluation; step 2; the final evaluation
+    assert re.fullmatch(r"\[gg\]gSPWK(g+)SPWK\[gg\](g+)SPWK\[gg\]", order), order
+    metrics = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    samples = re.fullmatch(r"\[gg\]gSPWK(g+)SPWK\[gg\](g+)SPWK\[gg\]", order).groups()
+    assert [len(g) for g in samples] == [1 + m["refill_draws"] for m in metrics]  # refills sample awake too
+    assert sum(m["refill_draws"] for m in metrics) > 0, "no step refilled: the test would not cover it"
 
 
 def test_rollout_flag_and_its_default(monkeypatch, capsys):

@@ -16,6 +16,8 @@ import config
 import ddp
 import eval as evaluation
 import microbatch
+import prime
+import runlog
 import data
 import toy_task
 import train
@@ -419,21 +421,23 @@ def test_sampled_heldout_accuracy_near_zero_temperature_equals_greedy_and_keeps_
     _, tasks = data.load_tasks(args, tokenizer)
     d = ddp.Dist()
     state = torch.get_rng_state()
-    greedy = evaluation.heldout_accuracy(model, tokenizer, tasks, args, d)
-    sampled = evaluation.heldout_accuracy(model, tokenizer, tasks, args, d, samples=3)
+    sampler = HFRollout(model, tokenizer, args.max_response_len, args.temperature, args.top_p, batch_size=512)
+    greedy = evaluation.heldout_accuracy(sampler, tasks, args, d)
+    sampled = evaluation.heldout_accuracy(sampler, tasks, args, d, samples=3)
     assert torch.equal(torch.get_rng_state(), state)
     assert sampled == pytest.approx(greedy)
     # at T = 1 the value is a mean over 3 samples of 24 problems, and the same each time
     args = config.Args(temperature=1.0, eval_problems=24, max_response_len=96, rollout="hf")
-    first = evaluation.heldout_accuracy(model, tokenizer, tasks, args, d, samples=3)
+    sampler = HFRollout(model, tokenizer, args.max_response_len, args.temperature, args.top_p, batch_size=512)
+    first = evaluation.heldout_accuracy(sampler, tasks, args, d, samples=3)
     assert first * 72 == pytest.approx(round(first * 72))
-    assert evaluation.heldout_accuracy(model, tokenizer, tasks, args, d, samples=3) == first
+    assert evaluation.heldout_accuracy(sampler, tasks, args, d, samples=3) == first
 
 
 def test_progress_bar_names_what_runs():
-    assert train.run_label(config.Args()) == "PRIME"
-    assert train.run_label(config.Args(process="none")) == "RLOO + outcome only"
-    assert train.run_label(config.Args(estimator="pass", process="step")) == "PASS + step PRM"
+    assert runlog.run_label(config.Args()) == "PRIME"
+    assert runlog.run_label(config.Args(process="none")) == "RLOO + outcome only"
+    assert runlog.run_label(config.Args(estimator="pass", process="step")) == "PASS + step PRM"
 
 
 def test_filter_groups_puts_mixed_groups_first_for_the_prm():
@@ -453,7 +457,7 @@ def test_filter_groups_puts_mixed_groups_first_for_the_prm():
     assert rows.tolist() == [2, 3, 6, 7] and (n_groups, n_train, n_prm) == (2, 4, 4)
     rows, n_groups, n_train, n_prm = train.filter_groups(torch.zeros(8), ro, args)  # nothing kept: placeholder
     assert rows.tolist() == [0, 1] and (n_groups, n_train, n_prm) == (0, 0, 0)
-    assert train.mixed_groups(torch.tensor([0.5, 0.5, 0.5, 1.0]), 2).tolist() == [False, True]  # soft labels
+    assert prime.mixed_groups(torch.tensor([0.5, 0.5, 0.5, 1.0]), 2).tolist() == [False, True]  # soft labels
 
 
 @pytest.mark.parametrize("norm", ["batch", "beta"])
@@ -467,11 +471,11 @@ def test_process_rewards_reach_the_mixed_groups_only_when_asked(norm):
     outcome = torch.tensor([0.0, 0.0, 1.0, 0.0])
     args = config.parse_args(["--n-samples", "2", "--process-norm", norm, "--beta", "0.5"])
     scale = (lambda m: m / 4) if norm == "batch" else (lambda m: 0.5 * m)
-    assert torch.allclose(train.process_rewards(args, signal, None, mask, outcome), scale(signal * mask))
+    assert torch.allclose(train.process_rewards(args, signal, None, mask, outcome, ddp.Dist()), scale(signal * mask))
     args.process_groups = "mixed"
     scale = (lambda m: m / 1.5) if norm == "batch" else (lambda m: 0.5 * m)
     expected = scale(signal * mask * torch.tensor([0.0, 0, 1, 1])[:, None])
-    assert torch.allclose(train.process_rewards(args, signal, None, mask, outcome), expected)
+    assert torch.allclose(train.process_rewards(args, signal, None, mask, outcome, ddp.Dist()), expected)
 
 
 def test_prm_init_starts_the_prm_from_the_teacher_and_keeps_the_sft_reference(cache_dir):
@@ -559,7 +563,7 @@ def test_one_update_per_batch_takes_the_old_logprobs_from_its_own_forward(cache_
         models = train.Models(path, tokenizer, policy, torch.optim.SGD(policy.parameters(), lr=1.0))
         start = [p.detach().clone() for p in policy.parameters()]
         logp_old = microbatch.logprobs_no_grad(policy, ro, args, args.temperature) if recompute else None
-        losses, _ = train.update_policy(args, models, b, logp_old, adv, (None, None), 0, ddp.Dist())
+        losses, _ = train.update_policy(args, models, b, logp_old, adv, (None, None), None, 0, ddp.Dist())
         steps.append(([p.detach() - s for p, s in zip(policy.parameters(), start)], losses))
     (with_pass, loss_with), (without, loss_without) = steps
     assert max(d.abs().max().item() for d in with_pass) > 1e-3  # a real step
@@ -567,12 +571,15 @@ def test_one_update_per_batch_takes_the_old_logprobs_from_its_own_forward(cache_
         assert torch.allclose(a, c, rtol=1e-9, atol=1e-12)
     assert loss_with == pytest.approx(loss_without, rel=1e-9, abs=1e-12)
 
-    needs = lambda flags, reference=object(): train.needs_old_logprobs(  # noqa: E731
-        config.parse_args(flags), train.Models(path, tokenizer, None, None, reference=reference))
+    needs = lambda flags, reference=object(), rollout=ro: train.needs_old_logprobs(  # noqa: E731
+        config.parse_args(flags), train.Models(path, tokenizer, None, None, reference=reference), rollout)
     assert not needs([]) and not needs(["--process", "none"], None) and not needs(["--estimator", "ppo"])
     assert not needs(["--process", "step", "--step-scorer", "toy"], None)
     assert needs(["--mini-batches", "2"]) and needs(["--reference", "policy"], None)
     assert needs(["--process", "opd"], None) and needs(["--process", "gopd"])
+    # another engine sampled (vLLM brings its own log-probs): the rollout correction compares them with pi_old's
+    sampled_elsewhere = dataclasses.replace(ro, sampler_logprobs=torch.zeros(ro.response_ids.shape))
+    assert needs([], rollout=sampled_elsewhere) and needs(["--process", "none"], None, sampled_elsewhere)
 
 
 def test_concat_rollouts_repads_prompts_left_and_responses_right():
