@@ -10,6 +10,13 @@ so a micro-batch is only as wide as its own longest row; with --max-tokens-per-m
 are sorted by length and cut into the fewest micro-batches of at most N padded tokens (pack_rows).
 Whatever the split, each optimizer step minimises the token mean over its whole mini-batch on all
 ranks (--loss-mean global), so the gradient is the same to round-off (tests/test_microbatch.py).
+
+Precision (--precision bf16, the default on a GPU): every forward pass here runs under bf16 autocast
+(`autocast`), while weights, gradients, AdamW's state and DDP's reduction stay fp32 and the output
+layer computes in fp32 (models.keep_head_fp32). A no-grad pass that pairs with an update (the
+reference with the PRM's, pi_old with the policy's) runs each row in the same micro-batch as that
+update (`plan=`): the same rows, padding and precision give the same numbers, so on the first
+mini-batch of a step the implicit reward is exactly 0 and the PPO ratio exactly 1.
 """
 
 import contextlib
@@ -178,24 +185,45 @@ def plan_update(ro: Rollout, n_rows: int, args: Args, d: Dist, unit: int = 1) ->
 
 
 @torch.no_grad()
-def batched_no_grad(fn, ro: Rollout, args: Args) -> torch.Tensor:
-    """fn(trimmed micro-batch Rollout) -> (b, width) for the whole batch, micro-batch by micro-batch,
-    without a graph; (B, R) float32, 0 on padding."""
+def batched_no_grad(fn, ro: Rollout, args: Args, plan=None) -> torch.Tensor:
+    """fn(trimmed micro-batch Rollout) -> (b, width) for the whole batch, micro-batch by micro-batch
+    (pack_rows; the paired_layout of an update's `plan`), under --precision's autocast, without a
+    graph; (B, R) float32, 0 on padding."""
     out = torch.zeros(ro.response_ids.shape, dtype=torch.float32)
-    for mb in pack_rows(ro, 0, len(ro), args):
-        value = fn(mb.rollout(ro))
+    layout = paired_layout(ro, args, plan) if plan is not None else pack_rows(ro, 0, len(ro), args)
+    for mb in layout:
+        with autocast(args):
+            value = fn(mb.rollout(ro))
         out = out.to(value.device)
         mb.put(out, value.float())
     return out
 
 
-def logprobs_no_grad(model, ro: Rollout, args: Args, temperature: float = 1.0) -> torch.Tensor:
-    """response_logprobs for a whole batch, one micro-batch at a time, without a graph."""
-    return batched_no_grad(lambda r: response_logprobs(model, r, temperature), ro, args)
+def logprobs_no_grad(model, ro: Rollout, args: Args, temperature: float = 1.0, plan=None) -> torch.Tensor:
+    """response_logprobs for a whole batch, one micro-batch at a time, without a graph; with the
+    `plan` of the update it pairs with, in that update's micro-batches (paired_layout)."""
+    return batched_no_grad(lambda r: response_logprobs(model, r, temperature), ro, args, plan)
 
 
-def values_no_grad(critic, ro: Rollout, args: Args) -> torch.Tensor:
-    return batched_no_grad(lambda r: critic_values(critic, r), ro, args)
+def values_no_grad(critic, ro: Rollout, args: Args, plan=None) -> torch.Tensor:
+    return batched_no_grad(lambda r: critic_values(critic, r), ro, args, plan)
+
+
+def paired_layout(ro: Rollout, args: Args, plan: list[list[MicroBatch]]) -> list[MicroBatch]:
+    """Every row of `ro` once, laid out as the update of `plan` (plan_update over rows [0, n)) lays
+    them out: its real micro-batches first, then the rows [n, B) it does not train on, packed by
+    pack_rows. Floating-point sums depend on what shares a micro-batch (padding, the attention
+    kernel's blocks): a pass that will be compared with the update's own forward must run the same."""
+    real = [mb for step in plan for mb in step if mb.weight]
+    n = sum(len(mb.rows) for mb in real)
+    return real + (pack_rows(ro, n, len(ro), args) if n < len(ro) else [])
+
+
+def autocast(args: Args):
+    """--precision bf16: the forward passes in bfloat16 autocast (matmuls in bf16; weights, gradients and
+    optimizer state stay fp32) on the device train.py trains on (a GPU when there is one); fp32: a no-op."""
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
 
 
 def run_update(model, optimizer, loss_fn, count, plan: list[list[MicroBatch]], args: Args, d: Dist,
@@ -225,7 +253,8 @@ def run_update(model, optimizer, loss_fn, count, plan: list[list[MicroBatch]], a
             # DDP: all-reduce gradients only on the last micro-step of the optimizer step
             sync = j == len(step) - 1 or not hasattr(model, "no_sync")
             with (contextlib.nullcontext() if sync else model.no_sync()):
-                loss = loss_fn(mb)
+                with autocast(args):
+                    loss = loss_fn(mb)
                 if args.loss_mean == "global":
                     share = mb.weight * count(mb) / n  # of the step's global mean
                 else:

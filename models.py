@@ -56,6 +56,10 @@ def build_models(args: Args, d: Dist) -> Models:
     if args.process == "step":
         m.step_scorer = step_prm.load_step_scorer(args.step_scorer, d.device, args.step_separator)
     policy.to(d.device).train()  # from_pretrained returns eval mode; checkpointing needs train mode
+    if args.precision == "bf16":
+        for model in (policy, m.prm, m.reference, m.teacher, m.critic):
+            if model is not None:
+                keep_head_fp32(model)
     if args.gradient_checkpointing:
         for model in (policy, m.prm, m.critic):  # non-reentrant checkpointing is the variant that works under DDP
             if model is not None:
@@ -69,6 +73,21 @@ def build_models(args: Args, d: Dist) -> Models:
         m.critic = wrap_ddp(m.critic, d)
         m.critic_opt = torch.optim.AdamW(m.critic.parameters(), lr=args.critic_lr, weight_decay=0.01)  # veRL's critic
     return m
+
+
+def keep_head_fp32(model) -> None:
+    """--precision bf16: the output layer (the LM head, or the critic's value head) still computes in
+    fp32 under autocast, on the fp32 weights. Log-probs, their PPO ratio and the implicit reward
+    log pi_phi - log pi_ref are differences of nearly equal numbers: bf16 logits (8 bits of mantissa,
+    a logit of 20 to +-0.06) would put that much noise into each token's reward. The decoder's matmuls
+    stay bf16; the head is one matmul per token against the layers' dozens."""
+    head = model.get_output_embeddings() if hasattr(model, "lm_head") else model.score
+
+    def forward(hidden, head=head):
+        with torch.autocast(hidden.device.type, enabled=False):
+            return torch.nn.functional.linear(hidden.float(), head.weight.float(),
+                                              None if head.bias is None else head.bias.float())
+    head.forward = forward  # the instance's forward: parameter names, saving and vLLM's push are unchanged
 
 
 def prm_start(args: Args, sft_path: str, tokenizer, d: Dist) -> str:
@@ -103,7 +122,7 @@ def make_sampler(args: Args, models: Models, d: Dist):
                            gpu_memory_utilization=args.vllm_gpu_memory_utilization, sleep=args.vllm_sleep,
                            logprobs=True)
     return HFRollout(unwrap(models.policy), models.tokenizer, args.max_response_len, args.temperature, args.top_p,
-                     batch_size=512)
+                     batch_size=512, bf16=args.precision == "bf16")
 
 
 def embedded_checkpoint(args: Args, sft_steps: int, d: Dist, label: str = "", slip: float | None = None) -> str:

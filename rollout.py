@@ -110,8 +110,8 @@ class HFRollout:
     """Sampling with `model.generate` on the policy being trained (so no weight sync is needed)."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, batch_size: int = 256):
-        self.model, self.tokenizer = model, tokenizer
+                 top_p: float = 1.0, batch_size: int = 256, bf16: bool = False):
+        self.model, self.tokenizer, self.bf16 = model, tokenizer, bf16  # bf16: generate under bf16 autocast
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.batch_size = batch_size  # sequences per generate call (a call runs until its longest ends)
 
@@ -136,18 +136,21 @@ class HFRollout:
         for start in range(0, len(repeated), batch_size):
             ids, mask = prompt_ids[start:start + batch_size], prompt_mask[start:start + batch_size]
             device = self.model.device
-            out = self.model.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device),
-                do_sample=not greedy, temperature=self.temperature if not greedy else None,
-                top_p=self.top_p if not greedy else None, top_k=0 if not greedy else None,
-                max_new_tokens=self.max_new_tokens, pad_token_id=tok.pad_token_id,
-                eos_token_id=tok.eos_token_id, return_dict_in_generate=True,
-                output_logits=return_logprobs,
-                # A preallocated KV cache: the default one concatenates every new key and value onto
-                # the old ones, a copy that grows with the response (half of a decoding step's time at
-                # 96 tokens for the tiny model on CPU; bench/bench_rollout.py). No torch.compile: its
-                # warm-up costs more than it saves here, and a run should not compile behind the user's back.
-                cache_implementation="static", disable_compile=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                out = self.model.generate(
+                    input_ids=ids.to(device), attention_mask=mask.to(device),
+                    do_sample=not greedy, temperature=self.temperature if not greedy else None,
+                    top_p=self.top_p if not greedy else None, top_k=0 if not greedy else None,
+                    max_new_tokens=self.max_new_tokens, pad_token_id=tok.pad_token_id,
+                    eos_token_id=tok.eos_token_id, return_dict_in_generate=True,
+                    output_logits=return_logprobs,
+                    # A preallocated KV cache: the default one concatenates every new key and value onto
+                    # the old ones, a copy that grows with the response (half of a decoding step's time at
+                    # 96 tokens for the tiny model on CPU; bench/bench_rollout.py). It is allocated in the
+                    # weights' fp32, where autocast's bf16 keys cannot be written: under bf16 the default
+                    # cache. No torch.compile: its warm-up costs more than it saves here, and a run
+                    # should not compile behind the user's back.
+                    cache_implementation=None if self.bf16 else "static", disable_compile=True)
             gen = out.sequences[:, ids.shape[1]:].cpu()
             chunks.append(gen)
             if return_logprobs:

@@ -208,12 +208,20 @@ def implicit_prm_step(prm, prm_opt, b: Batch, logp_ref, args: Args, d: Dist, upd
         return prime.prm_dpo_loss(logp_prm, mb.of(logp_ref), mb.of(mask), b.outcome[mb.rows], args.beta,
                                   args.n_samples)
 
-    # both losses are means over responses; DPO's groups stay whole in a micro-batch
-    plan = plan_update(b.ro, b.n_prm, args, d, unit=args.n_samples if args.prm_loss == "dpo" else 1)
+    plan = update_plan(args, b, d, prm=True)
     losses = run_update(prm, prm_opt, prm_loss_fn, lambda mb: len(mb.rows), plan, args, d, args.prm_grad_clip)
     if args.prm_update == "before":  # double forward: rewards from the updated PRM
         logp_prm_store = logprobs_no_grad(unwrap(prm), b.ro, args)
     return prime.implicit_process_reward(logp_prm_store, logp_ref, mask, 1.0), losses
+
+
+def update_plan(args: Args, b: Batch, d: Dist, prm: bool = False):
+    """The micro-batches of this batch's PRM update (prm=True: the rows it learns from; DPO's groups
+    stay whole, both losses are means over responses) or policy update (microbatch.plan_update). The
+    no-grad pass that pairs with an update (the reference, pi_old) runs in them too: same numbers."""
+    if prm:
+        return plan_update(b.ro, b.n_prm, args, d, unit=args.n_samples if args.prm_loss == "dpo" else 1)
+    return plan_update(b.ro, b.n_train, args, d)
 
 
 def process_signal(args: Args, models: Models, b: Batch, logp_old, logp_ref, d: Dist, step: int):
@@ -318,7 +326,8 @@ def warmup_prm(args: Args, models: Models, sampler, train_tasks, d: Dist) -> lis
         texts, _, outcome = verify_rollouts(sampler, ro, tasks, args)
         sampler.sleep()  # --vllm-sleep: as in the loop, the engine sleeps through the PRM's update
         b, _ = kept_batch(ro, outcome, texts, tasks, args, d)
-        log_ratio, _ = implicit_prm_step(models.prm, models.prm_opt, b, logprobs_no_grad(reference, b.ro, args), args, d)
+        logp_ref = logprobs_no_grad(reference, b.ro, args, plan=update_plan(args, b, d, prm=True))
+        log_ratio, _ = implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d)
         sampler.push_weights(unwrap(models.policy))  # the same policy: only wakes the engine
         accuracies.append(all_reduce(pairwise_accuracy_sum(log_ratio.sum(-1), b.outcome, b.n_train, args), d))
     return [a / n if n else float("nan") for a, n in accuracies]  # NaN: a batch without a mixed group
@@ -354,7 +363,7 @@ def advantages(args: Args, models: Models, b: Batch, process, signal, step_ids, 
     elif args.estimator == "prm-value":  # the PRM is the baseline here: only the outcome has a return
         adv = prime.prm_value_advantage(args.beta * signal, outcome, mask, args.outcome_gamma)
     elif args.estimator == "ppo":  # a learned critic: GAE over outcome (+ process) token rewards
-        old_values = values_no_grad(unwrap(models.critic), b.ro, args)
+        old_values = values_no_grad(unwrap(models.critic), b.ro, args, update_plan(args, b, d))
         adv, returns = prime.gae_advantage(prime.token_rewards(process_in, outcome, mask), old_values,
                                            mask, args.process_gamma, args.gae_lambda)
     else:  # PASS
@@ -417,7 +426,7 @@ def update_policy(args: Args, models: Models, b: Batch, logp_old, adv, ppo_targe
         return prime.value_loss(critic_values(models.critic, mb.rollout(b.ro)), mb.of(old_values), mb.of(returns),
                                 mb.of(b.mask), args.value_clip or None)
 
-    plan = plan_update(b.ro, b.n_train, args, d)  # the same micro-batches for the policy and the critic
+    plan = update_plan(args, b, d)  # the same micro-batches for the policy and the critic
     n_tokens = lambda mb: float(mb.of(b.mask).sum())  # noqa: E731 (both losses are token means)
     policy_losses, value_losses = [], []
     if step >= args.critic_warmup_steps:  # (PPO: frozen while the critic warms up)
@@ -518,11 +527,12 @@ def main(argv=None):
                                                               (tasks, ro, texts, scores, outcome), times)
         sampler.sleep()  # --vllm-sleep: sampling is done, the engine's GPU memory goes to the updates
         b, n_kept_groups = kept_batch(ro, outcome, texts, tasks, args, d)
-        with timed(times, "policy"):  # old and reference log-probs, recomputed by the training models
-            logp_old = logprobs_no_grad(unwrap(models.policy), b.ro, args, args.temperature) \
+        with timed(times, "policy"):  # old and reference log-probs, in the micro-batches of the updates they pair with
+            logp_old = logprobs_no_grad(unwrap(models.policy), b.ro, args, args.temperature, update_plan(args, b, d)) \
                 if needs_old_logprobs(args, models, b.ro) else None  # else the update's own forward gives them
             # App. B.1: with --reference policy the rollout policy is the reference
-            logp_ref = logprobs_no_grad(models.reference, b.ro, args) if models.reference is not None else logp_old
+            logp_ref = logprobs_no_grad(models.reference, b.ro, args, plan=update_plan(args, b, d, prm=True)) \
+                if models.reference is not None else logp_old
             is_weights, mismatch = rollout_correction(args, b, logp_old)  # vLLM sampled: pi_old / pi_vllm
 
         # 4. Process signal: the implicit PRM's rewards (Eq. 3) and its CE update (lines 7-8) ------
