@@ -41,8 +41,9 @@ def response_logprobs(model, ro: Rollout, temperature: float = 1.0) -> torch.Ten
     t = ro.trimmed()
     R = t.response_ids.shape[1]
     out, input_ids = forward_sequences(model, t, logits_to_keep=R + 1)
-    logits = out.logits[:, :-1]  # (B, R, V): the prediction of each of the last R tokens of each row
-    logp = prime.token_logprobs(logits, input_ids[:, -R:], temperature)
+    # (B, R + 1, V): position t predicts the row's last R tokens' t-th; the last position (what follows
+    # the row) is read by no one, and token_logprobs skips it without copying the logits
+    logp = prime.token_logprobs(out.logits, input_ids[:, -R:], temperature)
     return widen(to_response_columns(logp, t.response_mask), ro.response_ids.shape[1])
 
 

@@ -78,61 +78,67 @@ def _last_token_mask(mask: torch.Tensor) -> torch.Tensor:
 
 
 class _TokenLogprob(torch.autograd.Function):
-    """log p(label) = logit[label] - logsumexp(logits), computed and differentiated in row chunks.
+    """log p(label) = logit[label] - logsumexp(logits), computed and differentiated in chunks of positions.
 
     A plain `log_softmax(logits.float())` materialises a float32 (B, T, V) tensor and autograd keeps
     it for backward: for (8, 4096, 152064) that is 20 GB on top of the logits. Here the forward keeps
     only the per-token logsumexp (B*T floats) and the backward recomputes softmax one chunk at a time:
         d log p(y) / d logit_v = (1[v == y] - softmax(logits / temperature)_v) / temperature.
+    Chunks are positions of one row, so `logits` may be a model's output with positions after the last
+    label (the prediction that follows the sequence): those are read by no one, and the gradient comes
+    back in the output's own shape, with zeros there. No copy of the logits is made: a slice
+    `logits[:, :-1]` would be copied whole by a reshape, and its gradient padded back by another.
     """
 
     @staticmethod
     def forward(ctx, logits, labels, temperature, chunk_rows):
-        flat = logits.reshape(-1, logits.shape[-1])  # (N, V), N = B*T
-        flat_labels = labels.reshape(-1)
-        logsumexp = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+        B, T = labels.shape
+        logsumexp = torch.empty(B, T, dtype=torch.float32, device=logits.device)
         picked = torch.empty_like(logsumexp)
-        for start in range(0, flat.shape[0], chunk_rows):
-            end = start + chunk_rows
-            # `.float()` of a float32 tensor is the tensor itself, not a copy: an in-place op here
-            # would write into the caller's logits. `/` always allocates. (chunk, V) float32, the
-            # only big temporary.
-            rows = flat[start:end].float() / temperature
-            logsumexp[start:end] = torch.logsumexp(rows, dim=-1)
-            picked[start:end] = rows.gather(-1, flat_labels[start:end, None]).squeeze(-1)
+        for b in range(B):
+            for start in range(0, T, chunk_rows):
+                end = min(start + chunk_rows, T)
+                # `.float()` of a float32 tensor is the tensor itself, not a copy: an in-place op here
+                # would write into the caller's logits. `/` always allocates. (chunk, V) float32, the
+                # only big temporary.
+                rows = logits[b, start:end].float() / temperature
+                logsumexp[b, start:end] = torch.logsumexp(rows, dim=-1)
+                picked[b, start:end] = rows.gather(-1, labels[b, start:end, None]).squeeze(-1)
         ctx.save_for_backward(logits, labels, logsumexp)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
-        return (picked - logsumexp).reshape(labels.shape)
+        return picked - logsumexp
 
     @staticmethod
     def backward(ctx, grad_out):
         logits, labels, logsumexp = ctx.saved_tensors
-        flat = logits.reshape(-1, logits.shape[-1])
-        flat_labels = labels.reshape(-1)
-        scale = grad_out.reshape(-1).float() / ctx.temperature  # (N,)
-        grad = torch.empty_like(flat)
-        for start in range(0, flat.shape[0], ctx.chunk_rows):
-            end = start + ctx.chunk_rows
-            g = flat[start:end].float() / ctx.temperature  # a new tensor: the in-place ops below
-            g.sub_(logsumexp[start:end, None]).exp_().neg_()  # are on it, never on the logits (-softmax)
-            g.scatter_add_(-1, flat_labels[start:end, None], torch.ones_like(g[:, :1]))
-            grad[start:end] = g.mul_(scale[start:end, None])
-        return grad.reshape(logits.shape), None, None, None
+        B, T = labels.shape
+        scale = grad_out.float() / ctx.temperature  # (B, T)
+        grad = torch.empty_like(logits) if logits.shape[1] == T else torch.zeros_like(logits)
+        for b in range(B):
+            for start in range(0, T, ctx.chunk_rows):
+                end = min(start + ctx.chunk_rows, T)
+                g = logits[b, start:end].float() / ctx.temperature  # a new tensor: the in-place ops below
+                g.sub_(logsumexp[b, start:end, None]).exp_().neg_()  # are on it, never on the logits (-softmax)
+                g.scatter_add_(-1, labels[b, start:end, None], torch.ones_like(g[:, :1]))
+                grad[b, start:end] = g.mul_(scale[b, start:end, None])
+        return grad, None, None, None
 
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
                    chunk_elements: int = 2**24) -> torch.Tensor:
     """Log-probability of each label token: log softmax(logits / temperature)[label].
 
-    Shapes: logits (B, T, V) in any float dtype, labels (B, T) int -> (B, T) float32.
-    `logits[:, t]` must be the prediction for `labels[:, t]` (shift before calling).
-    Memory: never builds a full (B, T, V) float32 log-softmax; it works on chunks of whole rows of
-    about `chunk_elements` float32 values (64 MB by default), in forward and backward. Equal to the
-    naive log_softmax + gather to float32 round-off.
+    Shapes: logits (B, T', V) in any float dtype with T' >= T, labels (B, T) int -> (B, T) float32.
+    `logits[:, t]` must be the prediction for `labels[:, t]`; positions T' > T (a model's prediction
+    after the last token, when it returns one more) are ignored, with no copy of the logits made.
+    Memory: never builds a full (B, T, V) float32 log-softmax; it works on chunks of positions of
+    about `chunk_elements` float32 values (64 MB by default), in forward and backward, and its
+    gradient is one tensor the size of the logits. Equal to the naive log_softmax + gather to float32
+    round-off.
     `temperature` divides the logits, as the sampler did, so the log-probs are those of the
     distribution the tokens were actually drawn from (veRL does the same).
     """
-    if logits.shape[:-1] != labels.shape:
+    if logits.dim() != 3 or logits.shape[0] != labels.shape[0] or logits.shape[1] < labels.shape[1]:
         raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree")
     chunk_rows = max(1, chunk_elements // logits.shape[-1])
     return _TokenLogprob.apply(logits, labels.long(), float(temperature), chunk_rows)

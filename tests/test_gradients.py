@@ -572,3 +572,35 @@ def test_gae_and_value_loss_defaults_and_a_one_token_batch():
                             torch.ones(1, 1)).item() == pytest.approx(1.125)
     out = prime.token_rewards(None, torch.tensor([1, 0]), torch.tensor([[1.0, 1.0], [1.0, 0.0]]))
     assert out.dtype == torch.float32 and out.tolist() == [[0.0, 1.0], [0.0, 0.0]]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_token_logprobs_skips_a_trailing_position_without_copying_the_logits(dtype):
+    """A model's output has one more position than there are labels (the prediction after the last
+    token): token_logprobs reads the first T, gives that position a zero gradient, and holds no copy
+    of the logits beyond the one gradient tensor (a slice [:, :-1] cost two more: a reshape's copy and
+    the slice's padded gradient)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from live_bytes import LiveBytes
+    g = torch.Generator().manual_seed(4)
+    B, T, V = 3, 40, 500
+    logits = (3 * torch.randn(B, T + 1, V, generator=g, dtype=torch.float64)).to(dtype).requires_grad_()
+    labels = torch.randint(0, V, (B, T), generator=g)
+    w = torch.randn(B, T, generator=g, dtype=torch.float64)
+    ours = prime.token_logprobs(logits, labels, 0.7, chunk_elements=8 * V)  # float32, whatever the logits' dtype
+    ref = logits.detach().double().requires_grad_()
+    plain = torch.log_softmax(ref[:, :T] / 0.7, -1).gather(-1, labels[..., None])[..., 0]
+    torch.testing.assert_close(ours.double(), plain, rtol=0, atol=1e-5)  # float32 round-off of |log p| < 40
+    (g_ours,) = torch.autograd.grad((ours * w.float()).sum(), logits)
+    (g_plain,) = torch.autograd.grad((plain * w).sum(), ref)
+    # |g| <= |w| / T, each term exp(x - lse) carrying lse's float32 round-off (|lse| < 64: 64 eps)
+    atol = w.abs().max().item() / 0.7 * 64 * torch.finfo(torch.float32).eps
+    torch.testing.assert_close(g_ours.double(), g_plain, rtol=0, atol=atol)
+    assert g_ours[:, T].abs().max() == 0
+    with LiveBytes() as tracked:
+        (prime.token_logprobs(logits, labels, 0.7, chunk_elements=8 * V) * w.to(torch.float32)).sum().backward()
+    assert logits.grad[:, T].abs().max() == 0
+    chunk = 8 * V * 4 * 3  # a chunk's float32 values and the two temporaries of its ops
+    assert tracked.peak <= logits.numel() * logits.element_size() + chunk + 64 * B * T, tracked.peak
