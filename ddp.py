@@ -97,9 +97,13 @@ def print0(d: Dist, *a, **kw):
 
 
 def wrap_ddp(model, d: Dist):
-    if d.world == 1:
+    """DDP whenever there is a process group (torchrun, one rank included: the same code path as eight),
+    with the gradients as views into its all-reduce buckets (gradient_as_bucket_view): DDP holds one
+    bucket copy of every gradient anyway, and without the views each gradient would be there twice."""
+    if not dist.is_initialized():
         return model
-    return DistributedDataParallel(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None)
+    return DistributedDataParallel(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None,
+                                   gradient_as_bucket_view=True)
 
 
 def unwrap(model):

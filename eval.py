@@ -205,6 +205,20 @@ def heldout_metrics(sampler, tasks: list[Task], args, d: Dist) -> dict:
             "sampled": heldout_accuracy(sampler, tasks, args, d, args.eval_samples)}
 
 
+def start_accuracy(args, run_dir: Path, sampler, eval_tasks: list[Task], d: Dist) -> tuple[dict, float]:
+    """The starting checkpoint's held-out accuracy ({"greedy", "sampled"}), written to summary.json
+    (read back from it on --resume), and the seconds it took (every evaluation of a launch is timed)."""
+    saved = read_run(run_dir)["summary"] if args.resume else {}
+    if "start_accuracy" in saved:
+        return {"greedy": saved["start_accuracy"], "sampled": saved["start_sampled_accuracy"]}, 0.0
+    t = time.time()
+    start = heldout_metrics(sampler, eval_tasks, args, d)
+    if d.master:
+        write_json(run_dir / "summary.json", {"start_accuracy": start["greedy"],
+                                                     "start_sampled_accuracy": start["sampled"]})
+    return start, time.time() - t
+
+
 def evaluate(name: str, items: list[Item], sampler, tokenizer, n: int, greedy: bool,
              batch_size: int = 256, system_prompt: str = "", seed: int = 0,
              math_grader: str = "math-verify") -> dict:

@@ -248,7 +248,9 @@ def run_update(model, optimizer, loss_fn, count, plan: list[list[MicroBatch]], a
         if not n:  # nothing kept on any rank: no update (an AdamW step on zero gradients would still move)
             continue
         n_real = sum(1 for mb in step if mb.weight)
-        optimizer.zero_grad(set_to_none=True)
+        # zeroed in place, not freed: under DDP the gradients stay views into its buckets
+        # (gradient_as_bucket_view); freed, each backward would allocate them anew beside the buckets
+        optimizer.zero_grad(set_to_none=False)
         logged = 0.0
         for j, mb in enumerate(step):
             # DDP: all-reduce gradients only on the last micro-step of the optimizer step

@@ -64,14 +64,19 @@ def build_models(args: Args, d: Dist) -> Models:
         for model in (policy, m.prm, m.critic):  # non-reentrant checkpointing is the variant that works under DDP
             if model is not None:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # a GPU's fused AdamW makes no temporaries (foreach's are 8 bytes a parameter); CPU keeps foreach,
+    # whose numbers the embedded default's figures were measured with
+    fused = True if d.device.type == "cuda" else None
     m.policy = wrap_ddp(policy, d)
-    m.policy_opt = torch.optim.AdamW(m.policy.parameters(), lr=args.policy_lr, weight_decay=args.policy_weight_decay)
+    m.policy_opt = torch.optim.AdamW(m.policy.parameters(), lr=args.policy_lr, weight_decay=args.policy_weight_decay,
+                                     fused=fused)
     if m.prm is not None:
         m.prm = wrap_ddp(m.prm, d)
-        m.prm_opt = torch.optim.AdamW(m.prm.parameters(), lr=args.prm_lr, weight_decay=0.0)
+        m.prm_opt = torch.optim.AdamW(m.prm.parameters(), lr=args.prm_lr, weight_decay=0.0, fused=fused)
     if m.critic is not None:
         m.critic = wrap_ddp(m.critic, d)
-        m.critic_opt = torch.optim.AdamW(m.critic.parameters(), lr=args.critic_lr, weight_decay=0.01)  # veRL's critic
+        m.critic_opt = torch.optim.AdamW(m.critic.parameters(), lr=args.critic_lr, weight_decay=0.01,  # veRL's critic
+                                         fused=fused)
     return m
 
 
@@ -154,58 +159,127 @@ def load_model_and_tokenizer(args: Args, d: Dist):
     return path, policy, tokenizer
 
 
-def memory_estimate_gb(n_params: int, args: Args, config=None) -> dict:
-    """Per-GPU GB under plain DDP (vLLM's share comes on top): the model state, and the activations of
-    the largest training pass (the policy's or the PRM's update, one micro-batch at a time).
+def update_peak_bytes(config, n_params: int, args: Args) -> dict:
+    """Bytes that one training update (the policy's or the PRM's: the same shapes) holds at its peak on
+    top of the model state, for its largest micro-batch, term by term. Calibrated against the live
+    tensor bytes of real updates (tests/test_memory.py counts them on CPU for Qwen2 shapes, fixed rows
+    and token budgets, fp32 and bf16, with and without checkpointing: every term here is at least what
+    was measured and the sum at most 25% above it).
 
-    State: policy and PRM in fp32 with fp32 grads and two AdamW moments = 16 bytes/param each; the
-    frozen reference in bf16 = 2 bytes/param (none when the reference is the old policy).
-    Activations (needs the model `config`), for the padded tokens T of one micro-batch (the token
-    budget, or micro_batch_size x (max prompt + max response)), fp32: what autograd keeps per token
-    of each decoder layer, about 10 x hidden (the norms' inputs and outputs, q and the GQA-repeated k
-    and v, attention output, o_proj input) + 4 x intermediate (gate, SiLU, up, their product), with a
-    memory-efficient attention kernel (no seq x seq scores); with gradient checkpointing only each
-    layer's input (hidden) plus one layer's worth recomputed. Logits: only `logits_to_keep` response
-    positions P (the budget, or micro_batch_size x (max response + 1)) go through the LM head; their
-    fp32 logits and the gradient of them, 2 x P x vocab x 4 bytes."""
-    gb = n_params / 1e9
-    est = {"policy (weights+grads+adam)": 16 * gb, "prm (weights+grads+adam)": 16 * gb,
-           "reference (bf16)": 2 * gb if args.reference == "sft" else 0.0}
-    if args.estimator == "ppo":  # the critic: the policy's backbone with a scalar head, trained
-        est["critic (weights+grads+adam)"] = 16 * gb
+    The largest micro-batch: `tokens` padded tokens (the budget, or micro_batch_size x (max prompt +
+    max response); a row longer than the budget gets one of its own), `positions` of them through the
+    LM head (its responses, + 1 a row), rows of up to `longest` tokens. Per token of each decoder layer,
+    what autograd keeps: fp32, 4 x intermediate (gate, up, SiLU, their product) + 10 x hidden (the norms'
+    outputs, q after RoPE, k and v repeated to every head, attention output, the residual sums) floats;
+    bf16 autocast, 4 x intermediate x 2 bytes + 36 x hidden bytes (the matmuls' bf16 outputs and the
+    bf16 casts of their fp32 inputs; the norms and the residual stream stay fp32); plus the attention
+    mask, rows x longest^2 values a layer. The head's backward comes first, with every layer still held:
+    then the logits (fp32, positions x vocabulary) are there twice (logits and their gradient,
+    prime.token_logprobs), with two chunks of at most 2^24 floats (positions of one row). With gradient checkpointing each
+    layer keeps only its input (hidden, fp32) and the peak is the larger of the head's backward and one
+    layer's recomputed activations with the gradients flowing through it. bf16 autocast also keeps a
+    bf16 copy of every decoder weight for the backward."""
+    h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    vocab, heads = config.vocab_size, config.num_attention_heads
+    longest = args.max_prompt_len + args.max_response_len
+    budget = args.max_tokens_per_micro_batch
+    tokens = max(budget, longest) if budget else args.micro_batch_size * longest
+    positions = tokens if budget else args.micro_batch_size * (args.max_response_len + 1)
+    bf16 = args.precision == "bf16"
+    size = 2 if bf16 else 4  # bytes of what the matmuls produce
+    layer = tokens * (4 * inter * size + (36 if bf16 else 40) * h + 4 * heads) + tokens * longest * size
+    # embeddings, final norm, the head's input, the boolean mask; norm scales, gathers: 64 bytes a token
+    once = tokens * h * 4 * 2 + positions * h * 4 + tokens * longest + 64 * tokens
+    chunk = min(2**24 // vocab, args.max_response_len + 1) * vocab * 4  # a chunk: positions of one row
+    logits = 2 * positions * vocab * 4 + 2 * chunk
+    flowing = tokens * (2 * inter + 2 * h) * size  # a layer's backward: the gradients passing through it
+    copies = 2 * max(n_params - vocab * h, 0) if bf16 else 0
+    if args.gradient_checkpointing:
+        held = {"activations (each layer's input)": layers * tokens * h * 4 + once,
+                "logits or one recomputed layer": max(logits, layer + flowing)}
+    else:
+        held = {"activations (every layer)": layers * layer + once, "logits and their gradient": logits}
+    held["autocast's bf16 weight copies"] = copies
+    return held
+
+
+def memory_estimate_gb(n_params: int, args: Args, config=None, gpu_gb: float = 0.0, cuda: bool = True,
+                       world: int = 1) -> dict:
+    """Per-GPU GB under plain DDP, everything a rank holds at its fullest, term by term; "total" is what
+    check_memory compares with the GPU's memory. n_params: the policy's (the PRM, reference and critic
+    are copies of it). `gpu_gb` sizes vLLM's share; `cuda`: AdamW is fused there (no temporaries);
+    `world`: the ranks, which share the step's prompts and the held-out problems.
+
+    Always held (the model state): the policy and the PRM in fp32 with their gradients and AdamW's two
+    moments, 16 bytes a parameter each (under DDP the gradients are views into its all-reduce buckets,
+    gradient_as_bucket_view, so the buckets add nothing); the frozen reference as load_frozen loads it,
+    fp32 (4); the critic (PPO, 16) and a teacher (OPD, 4) when used. Then the largest of the phases:
+    an update (update_peak_bytes; with vLLM colocated and awake, its share beside it), the optimizer
+    step (foreach AdamW's temporaries, 8 bytes a parameter; none when fused), and sampling (vLLM's
+    share, --vllm-gpu-memory-utilization of the GPU, which the held-out evaluation shares; or HF
+    generate's KV cache for --rollout hf). On top, 10% for the caching allocator's fragmentation."""
+    gb = 1e9
+    n = n_params
+    est = {"policy (weights, grads, AdamW)": 16 * n / gb}
+    if args.process == "implicit":
+        est["prm (weights, grads, AdamW)"] = 16 * n / gb
+    if (args.process == "implicit" and args.reference == "sft") or args.process == "gopd":
+        est["reference (fp32, frozen)"] = 4 * n / gb
+    if args.process in ("opd", "gopd"):
+        est["teacher (fp32, frozen)"] = 4 * n / gb
+    if args.estimator == "ppo":
+        est["critic (weights, grads, AdamW)"] = 16 * n / gb
+    state = sum(est.values())
+    vllm = args.vllm_gpu_memory_utilization * gpu_gb if args.rollout == "vllm" else 0.0
+    phases = {"optimizer step (foreach AdamW's temporaries)": 0.0 if cuda else 8 * n / gb}
     if config is not None:
-        budget = args.max_tokens_per_micro_batch
-        tokens = budget or args.micro_batch_size * (args.max_prompt_len + args.max_response_len)
-        positions = budget or args.micro_batch_size * (args.max_response_len + 1)
-        h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-        per_layer = 10 * h + 4 * inter  # fp32 values kept per token of a layer
-        kept = layers * h + per_layer if args.gradient_checkpointing else layers * per_layer
-        est["activations (one micro-batch)"] = 4 * tokens * kept / 1e9
-        est["logits (one micro-batch)"] = 2 * 4 * positions * config.vocab_size / 1e9
-    est["total"] = sum(est.values())
+        held = update_peak_bytes(config, n, args)
+        est.update({f"  update: {k}": v / gb for k, v in held.items()})
+        phases["update" + ("" if args.vllm_sleep or not vllm else " beside vLLM's share")] = \
+            sum(held.values()) / gb + (0.0 if args.vllm_sleep else vllm)
+        if args.rollout == "hf":  # HF generate: a KV cache for every sequence of a call (512 at most)
+            kv_dim = config.num_key_value_heads * getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
+            sequences = min(512, max(args.prompts_per_step // world * args.n_samples,  # a call's sequences
+                                     -(-args.eval_problems // world) * args.eval_samples))
+            cache = sequences * (args.max_prompt_len + args.max_response_len) * config.num_hidden_layers * 2 * kv_dim
+            phases["sampling (HF generate's KV cache)"] = cache * (2 if args.precision == "bf16" else 4) / gb
+    if vllm:
+        phases["sampling (vLLM's share, evaluation included)"] = vllm
+    est.update({f"phase: {k}": v for k, v in phases.items()})
+    largest = max(phases.values())
+    est["allocator (10%)"] = 0.1 * (state + largest)
+    est["total"] = state + largest + est["allocator (10%)"]  # the state, the largest phase, the allocator
     return est
 
 
 def memory_line(policy, args: Args, measured_gb: float) -> str:
     """The estimate next to what the first step used (torch.cuda.max_memory_allocated, in GB)."""
-    est = memory_estimate_gb(sum(p.numel() for p in policy.parameters()), args, policy.config)
-    return (f"memory per GPU after the first step: estimated {est['total']:.2f} GB, measured {measured_gb:.2f} GB "
-            f"(torch.cuda.max_memory_allocated{', vLLM included' if args.rollout == 'vllm' else ''})")
+    gpu = torch.cuda.get_device_properties(0).total_memory / 1e9 if torch.cuda.is_available() else 0.0
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    est = memory_estimate_gb(sum(p.numel() for p in policy.parameters()), args, policy.config, gpu, world=world)
+    return (f"memory per GPU after the first step: estimated {est['total']:.2f} GB (allocator margin included), "
+            f"measured {measured_gb:.2f} GB (torch.cuda.max_memory_allocated"
+            f"{', vLLM included' if args.rollout == 'vllm' else ''})")
 
 
 def check_memory(path: str, args: Args, d: Dist) -> None:
-    """Print the estimate and refuse a model whose state cannot fit, before loading any weight."""
+    """Print the estimate and refuse a run that cannot fit, before loading any weight, naming the flags
+    that lower it."""
     with torch.device("meta"):  # parameters without storage: just their shapes
         config = AutoConfig.from_pretrained(path)
         skeleton = AutoModelForCausalLM.from_config(config)
-    est = memory_estimate_gb(sum(p.numel() for p in skeleton.parameters()), args, config)
-    print0(d, "memory estimate per GPU: " + ", ".join(f"{k} {v:.2f} GB" for k, v in est.items()))
     budget = args.max_memory_gb or (torch.cuda.get_device_properties(d.device).total_memory / 1e9
                                     if d.device.type == "cuda" else 0.0)
-    if budget and est["total"] > 0.9 * budget:
-        raise SystemExit(f"model state and activations need ~{est['total']:.0f} GB per GPU, more than 90% of the "
-                         f"{budget:.0f} GB available: plain DDP cannot hold it. Use a smaller --model "
-                         "(e.g. --preset 1.5b with a 1.5B model) or a sharded trainer (FSDP/ZeRO).")
+    est = memory_estimate_gb(sum(p.numel() for p in skeleton.parameters()), args, config, budget,
+                             cuda=d.device.type == "cuda", world=d.world)
+    print0(d, "memory estimate per GPU: " + ", ".join(f"{k} {v:.2f} GB" for k, v in est.items()))
+    if budget and est["total"] > budget:
+        raise SystemExit(f"memory: the estimate is {est['total']:.0f} GB per GPU, more than the {budget:.0f} GB "
+                         "available. Lower it with --micro-batch-size / --max-tokens-per-micro-batch (activations "
+                         "and logits), --gradient-checkpointing, --precision bf16, --vllm-sleep or a smaller "
+                         "--vllm-gpu-memory-utilization (vLLM's share), or a smaller --model; plain DDP holds "
+                         "the policy, the PRM and the reference whole on every GPU (a sharded trainer, "
+                         "FSDP/ZeRO, would not).")
 
 
 def load_teacher(path: str, tokenizer, d: Dist):

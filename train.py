@@ -439,25 +439,6 @@ def update_policy(args: Args, models: Models, b: Batch, logp_old, adv, ppo_targe
 
 
 # ---------------------------------------------------------------------------------------------------
-# Step 7: log
-# ---------------------------------------------------------------------------------------------------
-
-
-def start_accuracy(args: Args, run_dir, sampler, eval_tasks, d: Dist) -> tuple[dict, float]:
-    """The starting checkpoint's held-out accuracy ({"greedy", "sampled"}), written to summary.json
-    (read back from it on --resume), and the seconds it took (every evaluation of a launch is timed)."""
-    saved = runlog.read_run(run_dir)["summary"] if args.resume else {}
-    if "start_accuracy" in saved:
-        return {"greedy": saved["start_accuracy"], "sampled": saved["start_sampled_accuracy"]}, 0.0
-    t = time.time()
-    start = evaluation.heldout_metrics(sampler, eval_tasks, args, d)
-    if d.master:
-        runlog.write_json(run_dir / "summary.json", {"start_accuracy": start["greedy"],
-                                                     "start_sampled_accuracy": start["sampled"]})
-    return start, time.time() - t
-
-
-# ---------------------------------------------------------------------------------------------------
 # The loop
 # ---------------------------------------------------------------------------------------------------
 
@@ -496,7 +477,7 @@ def main(argv=None):
     if d.master:
         runlog.write_json(run_dir / "config.json", {**dataclasses.asdict(args), "model_path": models.path,
                                                     "world_size": d.world})
-    start, eval_seconds = start_accuracy(args, run_dir, sampler, eval_tasks, d)
+    start, eval_seconds = evaluation.start_accuracy(args, run_dir, sampler, eval_tasks, d)
     print0(d, f"held-out accuracy of the starting checkpoint: greedy {start['greedy']:.3f}, sampled "
               f"{start['sampled']:.3f} ({len(eval_tasks)} problems x {args.eval_samples} at T={args.temperature})")
     if args.prm_warmup_steps and not args.resume:  # an offline PRM: fit on the starting policy's rollouts

@@ -14,15 +14,19 @@ Cases (each a batch with a realistic spread of response lengths):
 - `qwen1.5b` (meant for a GPU): the same at Qwen2.5-1.5B's widths (hidden 1536, 12 heads, 2 KV heads,
   intermediate 8960, 28 layers), 64 rows, responses cut at 3072.
 
-Each mode runs in a fresh subprocess with train.py's own code: policy and PRM in fp32 with AdamW,
-the reference in bf16, as train.py holds them. Passes: old + reference log-probs (no grad,
-`microbatch.logprobs_no_grad`), the PRM's CE update (`train.implicit_prm_step`) and the policy's PPO
-update (`microbatch.plan_update` + `microbatch.run_update`). Padding share = 1 - real tokens / computed tokens,
-where a micro-batch computes rows x its longest prompt + response tokens (microbatch.forward_sequences);
-"before" is the layout this replaced: every micro-batch as wide as the whole batch's widest prompt
-plus its widest response. Peak memory is
-torch.cuda.max_memory_allocated on a GPU (next to models.memory_estimate_gb's total for the same
-settings), and the process's peak resident set (ru_maxrss) on CPU, where it includes the model state.
+Each mode runs in a fresh subprocess with train.py's own code, as train.py runs it: a process group of
+one, so policy, PRM (fp32 weights, gradients and AdamW state, DDP-wrapped, train mode, checkpointing
+engaged when asked) and the frozen fp32 reference come from models.build_models; --precision bf16 (the
+default on a GPU) runs the passes under bf16 autocast. Passes: old + reference log-probs in the
+micro-batches of the updates they pair with (`microbatch.logprobs_no_grad`), the PRM's CE update
+(`train.implicit_prm_step`) and the policy's PPO update (`train.update_policy`). Padding share = 1 -
+real tokens / computed tokens, where a micro-batch computes rows x its longest prompt + response tokens
+(microbatch.forward_sequences); "before" is the layout this replaced: every micro-batch as wide as the
+whole batch's widest prompt plus its widest response. The policy update's TFLOP/s counts 6 FLOPs per
+parameter and computed token (8 with checkpointing); on a GPU its MFU is against the H200's 790 TFLOP/s
+of dense bf16. Peak memory is torch.cuda.max_memory_allocated on a GPU, next to models.memory_estimate_gb's
+state + update for the same settings (no sampling here, no allocator margin), and the process's peak
+resident set (ru_maxrss) on CPU, where it includes the model state.
 """
 
 import argparse
@@ -83,45 +87,51 @@ def make_batch(case: str, opts, device):
 
 
 def run_one(case: str, mode: str, opts) -> dict:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """One mode in this (child) process, built and run by train.py's own code: a process group of one (so
+    the models are DDP-wrapped, as under torchrun), models.build_models (train mode, checkpointing, the
+    fp32 head under bf16, the reference as load_frozen loads it), the passes paired with their updates,
+    train.implicit_prm_step and train.update_policy."""
+    import os
+    import socket
 
-    import prime
+    import torch
+    from transformers import AutoConfig
+
     import config
     import ddp
     import microbatch
     import models
+    import prime
     import train
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with socket.socket() as sock:  # a group of one: DDP as train.py has it under torchrun
+        sock.bind(("127.0.0.1", 0))
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(sock.getsockname()[1]))
+    d = ddp.setup_distributed()
+    device = d.device
     path, ro, outcome = make_batch(case, opts, device)
-    flags = dict(micro_batch_size=opts.micro_batch_size, n_samples=4 if case == "toy" else 1,
-                 max_prompt_len=int(ro.prompt_ids.shape[1]), max_response_len=int(ro.response_ids.shape[1]),
-                 gradient_checkpointing=opts.gradient_checkpointing)
+    flags = ["--model", path, "--rollout", "hf", "--n-samples", "4", "--precision", opts.precision,
+             "--micro-batch-size", str(opts.micro_batch_size), "--max-prompt-len", str(int(ro.prompt_ids.shape[1])),
+             "--max-response-len", str(int(ro.response_ids.shape[1])), "--max-memory-gb", "1e6"]
     if mode != "fixed":  # "budget=N"
-        flags["max_tokens_per_micro_batch"] = int(mode.split("=")[1])
-    args = config.Args(**flags)
-    d = ddp.Dist(device=device)
-    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
-    prm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
-    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
-    for model in (policy, prm):
-        if args.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-        model.config.use_cache = False
-    policy_opt = torch.optim.AdamW(policy.parameters(), lr=1e-6)
-    prm_opt = torch.optim.AdamW(prm.parameters(), lr=1e-6)
+        flags += ["--max-tokens-per-micro-batch", mode.split("=")[1]]
+    if opts.gradient_checkpointing:
+        flags.append("--gradient-checkpointing")
+    args = config.parse_args(flags)
+    m = models.build_models(args, d)
     mask = ro.response_mask.float().to(device)
     outcome = outcome.to(device)
+    batch = train.Batch(ro, outcome, mask, torch.arange(len(ro)), [""] * len(ro), [""] * len(ro), len(ro), len(ro))
 
-    plan = microbatch.plan_update(ro, len(ro), args, d)
+    plan = train.update_plan(args, batch, d)
     real = int(ro.prompt_mask.sum() + ro.response_mask.sum())
     lengths = ro.prompt_mask.sum(1) + ro.response_mask.sum(1)
     computed = sum(len(mb.rows) * int(lengths[mb.rows].max()) for mb in plan[0])  # rows x longest sequence
     whole = len(ro) * (ro.prompt_ids.shape[1] + ro.response_ids.shape[1])  # before: all padded to the batch's widest
     result = dict(case=case, mode=mode, rows=len(ro), micro_batches=len(plan[0]), real_tokens=real,
                   computed_tokens=computed, padding_share=1 - real / computed,
-                  padding_share_untrimmed=1 - real / whole, seconds={})
+                  padding_share_untrimmed=1 - real / whole, precision=args.precision, seconds={})
 
     def timed(name, fn):
         if device.type == "cuda":
@@ -133,25 +143,31 @@ def run_one(case: str, mode: str, opts) -> dict:
         result["seconds"][name] = time.perf_counter() - start
         return out
 
+    policy = ddp.unwrap(m.policy)
     for repeat in range(opts.repeats):  # the first repeat warms up kernels and allocator; the last is kept
-        logp_old, logp_ref = timed("old+ref logprobs", lambda: (microbatch.logprobs_no_grad(policy, ro, args),
-                                                                microbatch.logprobs_no_grad(reference, ro, args)))
-        batch = train.Batch(ro, outcome, mask, None, [], [], len(ro), len(ro))
-        timed("prm update", lambda: train.implicit_prm_step(prm, prm_opt, batch, logp_ref, args, d))
+        logp_old, logp_ref = timed("old+ref logprobs", lambda: (
+            microbatch.logprobs_no_grad(policy, ro, args, args.temperature, plan),
+            microbatch.logprobs_no_grad(m.reference, ro, args, plan=train.update_plan(args, batch, d, prm=True))))
+        timed("prm update", lambda: train.implicit_prm_step(m.prm, m.prm_opt, batch, logp_ref, args, d))
         adv = prime.whiten(torch.randn(mask.shape, device=device) * mask, mask)
-
-        def loss_fn(mb):
-            logp = microbatch.response_logprobs(policy, mb.rollout(ro))
-            return prime.ppo_clip_loss(logp, mb.of(logp_old), mb.of(adv), mb.of(mask), 0.2)
-
-        timed("policy update", lambda: microbatch.run_update(policy, policy_opt, loss_fn, lambda mb: float(mb.of(mask).sum()),
-                                                         plan, args, d, 1.0))
+        timed("policy update", lambda: train.update_policy(args, m, batch, logp_old, adv, (None, None), None, 1, d))
+    n_params = sum(p.numel() for p in policy.parameters())
+    # the policy update's model FLOPs: 6 per parameter and computed token (forward and backward), 2 more
+    # when checkpointing recomputes the forward; against the H200's dense bf16 peak, 790 TFLOP/s
+    flops = (8 if args.gradient_checkpointing else 6) * n_params * computed
+    result["policy_update_tflops"] = flops / result["seconds"]["policy update"] / 1e12
     if device.type == "cuda":
         result["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
-        n_params = sum(p.numel() for p in policy.parameters())
-        result["estimate_gb"] = models.memory_estimate_gb(n_params, args, AutoConfig.from_pretrained(path))["total"]
+        est = models.memory_estimate_gb(n_params, args, AutoConfig.from_pretrained(path), world=1)
+        # what this bench holds: the model state and an update (no sampling here), before the allocator's margin
+        result["estimate_gb"] = sum(v for k, v in est.items() if not k.startswith(("  ", "phase", "allocator", "total"))) \
+            + max(v for k, v in est.items() if k.startswith("phase: update") or k.startswith("phase: optimizer"))
     else:
         result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    del m, policy
+    import gc
+    gc.collect()  # no DDP model may outlive the group (pytorch#56297)
+    ddp.close(d)
     return result
 
 
@@ -167,6 +183,7 @@ def main():
     parser.add_argument("--layers", type=int, default=None, help="qwen cases: decoder layers (default 4 on CPU, all on GPU)")
     parser.add_argument("--max-response-len", type=int, default=None, help="qwen cases (default 1024 / 3072)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default=None, help="default: bf16 on a GPU, fp32 on CPU")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--cache-dir", default=str(REPO / ".cache"), help="the embedded SFT checkpoint cache")
     parser.add_argument("--work", default=str(REPO / ".cache" / "bench_microbatch"), help="where random models go")
@@ -178,7 +195,8 @@ def main():
         case = opts.child[0]
         big = case == "qwen1.5b"
         defaults = dict(micro_batch_size=64 if case == "toy" else 4, rows=64 if big else 8,
-                        layers=0 if gpu else 4, max_response_len=3072 if big else 1024)
+                        layers=0 if gpu else 4, max_response_len=3072 if big else 1024,
+                        precision="bf16" if gpu else "fp32")
         for k, v in defaults.items():
             if getattr(opts, k) is None:
                 setattr(opts, k, v)
@@ -206,9 +224,11 @@ def main():
             if mode == "fixed":
                 print(f"{case:9s} every micro-batch as wide as the batch's widest row (before): padding "
                       f"{r['padding_share_untrimmed']:.1%}")
-            print(f"{case:9s} {mode:11s} {r['rows']} rows in {r['micro_batches']} micro-batches, padding "
+            mfu = f", MFU {r['policy_update_tflops'] / 790:.1%}" if "peak_gb" in r else ""
+            print(f"{case:9s} {mode:11s} {r['precision']} {r['rows']} rows in {r['micro_batches']} micro-batches, padding "
                   f"{r['padding_share']:.1%} of {r['computed_tokens']} computed tokens; " +
-                  ", ".join(f"{k} {v:.2f}s" for k, v in r["seconds"].items()) + f"; {memory}", flush=True)
+                  ", ".join(f"{k} {v:.2f}s" for k, v in r["seconds"].items()) +
+                  f"; policy update {r['policy_update_tflops']:.2f} TFLOP/s{mfu}; {memory}", flush=True)
     print(json.dumps(results, indent=1))
 
 

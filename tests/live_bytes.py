@@ -3,13 +3,13 @@ torch.cuda.max_memory_allocated, for tests/test_memory.py and bench/bench_microb
 
     with LiveBytes() as tracked:
         ...one update...
-    tracked.peak   # the most bytes of storage alive at once that were allocated inside the block
+    tracked.peak   # the most bytes alive at once above what was alive when the block began
 
 Every tensor an op returns has its storage counted once, from the op that made it until the storage
 is freed (a weakref finalizer on the storage: PyTorch keeps one Python object per storage, so it
-fires when the last tensor or view using it dies). Storages made before the block (the weights, and
-the optimizer's state from an earlier step) are not counted; a kernel's scratch memory that never
-leaves the kernel is not seen.
+fires when the last tensor or view using it dies). Storages made before the block (the weights, the
+optimizer's state) are the baseline: one freed inside the block lowers the count by its size. A
+kernel's scratch memory that never leaves the kernel is not seen.
 """
 
 import gc
@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 class LiveBytes(TorchDispatchMode):
     def __init__(self):
         super().__init__()
-        self.live, self.peak, self.seen = 0, 0, set()
+        self.live, self.peak, self.seen, self.active = 0, 0, set(), False
         self.known = set()  # storages that were alive before the block: not ours to count
 
     def __enter__(self):
@@ -33,10 +33,25 @@ class LiveBytes(TorchDispatchMode):
             for obj in gc.get_objects():  # every tensor alive now: its storage predates the block
                 if isinstance(obj, torch.Tensor):
                     try:
-                        self.known.add(id(obj.untyped_storage()))
+                        storage = obj.untyped_storage()
                     except (RuntimeError, NotImplementedError):
-                        pass
+                        continue
+                    if id(storage) not in self.known:  # a freed one's id can be reused by a new storage
+                        self.known.add(id(storage))
+                        weakref.finalize(storage, self.free_known, id(storage), storage.nbytes())
+        self.active = True
         return super().__enter__()
+
+    def __exit__(self, *exc):
+        self.active = False
+        return super().__exit__(*exc)
+
+    def free_known(self, key: int, nbytes: int) -> None:
+        """A storage from before the block freed inside it (old gradients, DDP's first buckets): the
+        memory it gives back counts, as the allocator would reuse it."""
+        self.known.discard(key)
+        if self.active:
+            self.live -= nbytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

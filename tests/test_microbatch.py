@@ -380,25 +380,49 @@ def test_train_runs_with_a_token_budget_log_the_same_first_step_losses(cache_dir
 
 
 def test_memory_estimate_arithmetic_by_hand():
+    """models.memory_estimate_gb's terms worked out by hand (tests/test_memory.py checks them against
+    the bytes real updates hold)."""
     from transformers import Qwen2Config
-    shape = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=256, num_hidden_layers=3)
+    shape = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=256, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2)
     n = 2_000_000
-    args = config.Args(max_tokens_per_micro_batch=0, micro_batch_size=4, max_prompt_len=100, max_response_len=300)
+    args = config.Args(max_tokens_per_micro_batch=0, micro_batch_size=4, max_prompt_len=100, max_response_len=300,
+                       precision="fp32", rollout="hf", prompts_per_step=8, eval_problems=8, eval_samples=4)
     est = models.memory_estimate_gb(n, args, shape)
-    # state: 16 + 16 + 2 bytes a parameter = 68 MB
-    assert est["policy (weights+grads+adam)"] == pytest.approx(0.032)
-    assert est["reference (bf16)"] == pytest.approx(0.004)
-    # 4 rows x 400 tokens = 1600 tokens x 3 layers x (10 x 64 + 4 x 256 = 1664 values) x 4 bytes
-    assert est["activations (one micro-batch)"] == pytest.approx(1600 * 3 * 1664 * 4 / 1e9)
-    # 4 x 301 positions x 1000 vocab x 4 bytes x 2 (logits and their gradient)
-    assert est["logits (one micro-batch)"] == pytest.approx(4 * 301 * 1000 * 8 / 1e9)
-    assert est["total"] == pytest.approx(0.068 + 1600 * 3 * 1664 * 4 / 1e9 + 4 * 301 * 1000 * 8 / 1e9)
-    # a token budget of 1000, with gradient checkpointing: each layer's input (64) + one layer recomputed
-    args = config.Args(max_tokens_per_micro_batch=1000, gradient_checkpointing=True, reference="policy")
-    est = models.memory_estimate_gb(n, args, shape)
-    assert est["activations (one micro-batch)"] == pytest.approx(1000 * (3 * 64 + 1664) * 4 / 1e9)
-    assert est["logits (one micro-batch)"] == pytest.approx(1000 * 1000 * 8 / 1e9)
-    assert est["reference (bf16)"] == 0.0
+    # state: policy and PRM 16 bytes a parameter, the fp32 reference 4
+    assert est["policy (weights, grads, AdamW)"] == est["prm (weights, grads, AdamW)"] == pytest.approx(0.032)
+    assert est["reference (fp32, frozen)"] == pytest.approx(0.008)
+    # 4 rows x 400 tokens = 1600 tokens, 4 x 301 = 1204 positions; a layer keeps per token
+    # 4 x 256 x 4 + 40 x 64 + 4 x 4 heads = 6672 bytes, and the fp32 mask 1600 x 400 x 4
+    layer = 1600 * 6672 + 1600 * 400 * 4
+    once = 1600 * 64 * 4 * 2 + 1204 * 64 * 4 + 1600 * 400 + 64 * 1600
+    assert est["  update: activations (every layer)"] == pytest.approx((3 * layer + once) / 1e9)
+    # logits and their gradient, fp32, and two chunks of one row's 301 positions
+    logits = 2 * 1204 * 1000 * 4 + 2 * 301 * 1000 * 4
+    assert est["  update: logits and their gradient"] == pytest.approx(logits / 1e9)
+    assert est["  update: autocast's bf16 weight copies"] == 0.0
+    # sampling: HF generate's KV cache, 32 sequences x 400 tokens x 3 layers x (k, v) x 2 heads x 16, fp32
+    assert est["phase: sampling (HF generate's KV cache)"] == pytest.approx(32 * 400 * 3 * 2 * 32 * 4 / 1e9)
+    update = (3 * layer + once + logits) / 1e9
+    assert est["phase: update"] == pytest.approx(update)
+    assert est["total"] == pytest.approx(1.1 * (0.072 + update))
+    # a token budget of 1000 with checkpointing in bf16, the reference the old policy: each layer keeps
+    # its input (64 fp32), the peak is the larger of the logits and one recomputed layer; bf16 weight
+    # copies of every decoder weight (the tied embedding is the head, kept fp32)
+    args = config.Args(max_tokens_per_micro_batch=1000, gradient_checkpointing=True, reference="policy",
+                       precision="bf16", max_prompt_len=100, max_response_len=300, rollout="vllm",
+                       vllm_gpu_memory_utilization=0.5)
+    est = models.memory_estimate_gb(n, args, shape, gpu_gb=0.2)
+    assert "reference (fp32, frozen)" not in est
+    once = 1000 * 64 * 4 * 2 + 1000 * 64 * 4 + 1000 * 400 + 64 * 1000
+    assert est["  update: activations (each layer's input)"] == pytest.approx((3 * 1000 * 64 * 4 + once) / 1e9)
+    logits = 2 * 1000 * 1000 * 4 + 2 * 301 * 1000 * 4
+    layer = 1000 * (4 * 256 * 2 + 36 * 64 + 16) + 1000 * 400 * 2 + 1000 * (2 * 256 + 2 * 64) * 2
+    assert est["  update: logits or one recomputed layer"] == pytest.approx(max(logits, layer) / 1e9)
+    assert est["  update: autocast's bf16 weight copies"] == pytest.approx(2 * (n - 1000 * 64) / 1e9)
+    # vLLM's share (0.5 of 0.2 GB) beside the update, which it does not sleep through
+    assert est["phase: update beside vLLM's share"] == pytest.approx(
+        (3 * 1000 * 64 * 4 + once + max(logits, layer) + 2 * (n - 64000)) / 1e9 + 0.1)
 
 
 def test_the_first_steps_memory_line_puts_the_estimate_beside_the_measured_peak(cache_dir):
@@ -407,6 +431,7 @@ def test_the_first_steps_memory_line_puts_the_estimate_beside_the_measured_peak(
     policy = AutoModelForCausalLM.from_pretrained(toy_task.sft_checkpoint(cache_dir, SFT_STEPS))
     args = config.Args(rollout="hf")
     est = models.memory_estimate_gb(sum(p.numel() for p in policy.parameters()), args, policy.config)["total"]
-    assert models.memory_line(policy, args, 1.234) == (f"memory per GPU after the first step: estimated {est:.2f} GB, "
-                                                      "measured 1.23 GB (torch.cuda.max_memory_allocated)")
+    assert models.memory_line(policy, args, 1.234) == (f"memory per GPU after the first step: estimated {est:.2f} GB "
+                                                      "(allocator margin included), measured 1.23 GB "
+                                                      "(torch.cuda.max_memory_allocated)")
 
