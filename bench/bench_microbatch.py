@@ -164,7 +164,7 @@ def run_one(case: str, mode: str, opts) -> dict:
             + max(v for k, v in est.items() if k.startswith("phase: update") or k.startswith("phase: optimizer"))
     else:
         result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
-    del m, policy
+    m = policy = None  # the DDP models go before the group
     import gc
     gc.collect()  # no DDP model may outlive the group (pytorch#56297)
     ddp.close(d)
