@@ -214,8 +214,8 @@ PRESETS = {
                   filter_mode="refill"),
     # DeepSeek-R1-Distill-Qwen-1.5B (paper App. B.7) under plain DDP on 8 x 80 GB, by models.memory_estimate_gb:
     # policy and PRM in fp32 with AdamW (49.4 GB) and the fp32 reference (6.2) always; one row per
-    # micro-batch with checkpointing in bf16 (an update adds 9.9); vLLM's share, 0.2 of the GPU (16 GB),
-    # asleep during the updates: 71.6 GB at the fullest, 78.8 GB with the allocator's 10%.
+    # micro-batch with checkpointing in bf16 (an update adds 7.3); vLLM's share, 0.2 of the GPU (16 GB),
+    # asleep during the updates: 71.6 GB at the fullest, 78.7 GB with the allocator's 10%.
     "1.5b": dict(prompts_per_step=256, n_samples=4, max_prompt_len=1024, max_response_len=3072,
                  policy_lr=1e-6, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=1,
                  max_tokens_per_micro_batch=0, gradient_checkpointing=True, temperature=1.0, top_p=1.0,

@@ -42,7 +42,12 @@ Design
      its default targets, LaTeX and plain expressions): a boxed answer, several boxes close
      together read as one set (`\\boxed{-2} and \\boxed{1}` for the gold `1,-2`), a final answer with
      no box ("The final answer is $10,455$"). `\\fbox` is read as `\\boxed`. Reason "no_answer" when
-     it finds nothing. A hedge such as `\\boxed{4} no wait \\boxed{5}` reads as {4, 5} and is wrong.
+     it finds nothing. A hedge such as `\\boxed{4} \\boxed{5}` (boxes close together) reads as {4, 5}
+     and is wrong. When that reading is wrong, a gold that is a list of two or more values is also
+     compared with every box of the response read together ("x = \\boxed{0}, x = \\boxed{-1}, and
+     x = \\boxed{2}" for "0, -1, 2"; a leading "x =" inside a box dropped): in any order, but the same
+     elements, so an extra or a missing box scores 0. Digits grouped in threes by a space or a thin
+     space read as one number ("1 000", "1\\,000"; "1, 000" stays a list).
      A response whose last box is never closed was cut off while writing its answer: it scores 0
      ("unclosed_boxed") under both graders, so no intermediate value ("9-9=0" in a toy chain whose
      gold is 0) is read in its place. A response with no box at all is read wherever math-verify
@@ -182,6 +187,36 @@ def _last_box(text: str) -> tuple[str | None, int, str]:
         if depth == 0:
             return text[starts[-1]:brace.start()], len(starts), ""
     return None, len(starts), "unclosed_boxed"
+
+
+def _boxes(text: str) -> list[str]:
+    """The contents of every closed outermost box, in order (braces matched as in _last_box)."""
+    found, position = [], 0
+    while (start := _BOX_START.search(text, position)) is not None:
+        depth, end = 1, None
+        for brace in _BRACE.finditer(text, start.end()):
+            depth += 1 if brace.group() == "{" else -1
+            if depth == 0:
+                end = brace.start()
+                break
+        if end is None:  # unclosed: nothing after it is a box either
+            break
+        found.append(text[start.end():end])
+        position = end + 1
+    return found
+
+
+# "x = " or "f(3/5) = " at the start of a box: the value is what follows
+_BOX_LHS = re.compile(r"^\s*[A-Za-z](?:_\{?\w+\}?)?(?:\s*\([^()=]*\))?\s*=\s*")
+# digits grouped in threes by a space or a thin space (\, \: \; ~ or "\ "): 1 000 and 1\,000 are 1000;
+# "1, 000" (a comma and a space) stays a list
+_SPACED_THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:(?: |\\[,:; ]|~)\d{3})+(?![\d])")
+_THOUSANDS_SPACE = re.compile(r" |\\[,:; ]|~")
+
+
+def join_spaced_thousands(text: str) -> str:
+    """"1 000 000" and "1\\,000" -> "1000000" and "1000"; lists and other numbers are left alone."""
+    return _SPACED_THOUSANDS.sub(lambda m: _THOUSANDS_SPACE.sub("", m.group()), text)
 
 
 def extract_boxed(text: str) -> str | None:
@@ -388,14 +423,39 @@ def _math_equal(answer: str, gold: str) -> bool:
 def _math_verify_response(response: str, gold: str) -> tuple[float, str]:
     """--math-grader math-verify: math-verify reads the whole response with its default extraction
     targets (LaTeX and plain expressions; boxed answers, "final answer is ..." anchors, several
-    boxes read together as one set), then verify(gold, answer)."""
+    boxes close together read as one set), then verify(gold, answer). Digits grouped by spaces are
+    joined first (join_spaced_thousands).
+
+    One box per value: math-verify joins boxes only when nothing but "and" or a comma stands between
+    them; with "x = \\boxed{0}, x = \\boxed{-1}, and ..." it reads the last box alone. So when that
+    reading is wrong, the gold is a list of two or more values and the response has two or more boxes,
+    every box is read together, a leading "x =" or "f(a) =" inside a box dropped, as one set: in any
+    order, but the same elements, so a response that boxes every candidate it considered (an extra
+    element) or leaves one out scores 0."""
     from math_verify import parse, verify  # only workers import sympy
 
+    response, gold = join_spaced_thousands(response), join_spaced_thousands(gold)
     # \fbox is the official grader's other box; math-verify knows only \boxed
     answer_parsed = parse(_FBOX.sub(r"\\boxed{", response), parsing_timeout=None)
     if not answer_parsed:
         return 0.0, "no_answer"
-    return (1.0, "ok") if verify(_parse_boxed(gold), answer_parsed, timeout_seconds=None) else (0.0, "wrong")
+    gold_parsed = _parse_boxed(gold)
+    if verify(gold_parsed, answer_parsed, timeout_seconds=None):
+        return 1.0, "ok"
+    boxes = _boxes(response)
+    if len(boxes) >= 2 and _is_list(gold_parsed):
+        every_box = _parse_boxed(", ".join(_BOX_LHS.sub("", box) for box in boxes))
+        if verify(gold_parsed, every_box, timeout_seconds=None):
+            return 1.0, "ok"
+    return 0.0, "wrong"
+
+
+def _is_list(parsed) -> bool:
+    """Whether a parsed gold is a set of two or more values ("3, 5, 7": math-verify reads a bare list as
+    an unordered set)."""
+    from sympy import FiniteSet
+
+    return bool(parsed) and isinstance(parsed[0], FiniteSet) and len(parsed[0]) >= 2
 
 
 # One answer of each common shape. The LaTeX parser (ANTLR) caches its decisions as it meets new

@@ -31,10 +31,15 @@ def batch_of(args, models, seed=0):
                        [""] * len(ro), n_train=len(ro), n_prm=len(ro))
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # on a GPU (bench/run_gpu_checks.sh) both
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("layout", [["--max-tokens-per-micro-batch", "160"], ["--micro-batch-size", "3"]],
                          ids=["token-budget", "rows"])
-def test_first_mini_batch_reward_is_exactly_zero_and_ratio_exactly_one(precision, layout, cache_dir, monkeypatch):
+def test_first_mini_batch_reward_is_exactly_zero_and_ratio_exactly_one(precision, layout, device, cache_dir,
+                                                                        monkeypatch):
     """At the start the PRM, the reference and pi_old are the same weights: on the first mini-batch of
     the first step the implicit reward must be exactly 0 and the PPO ratio exactly 1, in both precisions,
     whatever the micro-batching (each no-grad pass runs in the micro-batches of the update it pairs
@@ -42,9 +47,10 @@ def test_first_mini_batch_reward_is_exactly_zero_and_ratio_exactly_one(precision
     rewards and ratios move away from 0 and 1: the check is not vacuous."""
     args = config.parse_args(["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--precision", precision,
                               "--mini-batches", "2", "--rollout", "hf", *layout])
-    d = ddp.Dist()
+    d = ddp.Dist(device=torch.device(device))
     models = models_module.build_models(args, d)
     b = batch_of(args, models)
+    b.outcome, b.mask = b.outcome.to(d.device), b.mask.to(d.device)
     prm_plan = train.update_plan(args, b, d, prm=True)
     first = torch.cat([mb.rows for mb in prm_plan[0]])
     logp_ref = microbatch.logprobs_no_grad(models.reference, b.ro, args, plan=prm_plan)
@@ -59,7 +65,7 @@ def test_first_mini_batch_reward_is_exactly_zero_and_ratio_exactly_one(precision
         ratios.append((logp.detach() - old).abs().max().item()), ppo_clip_loss(logp, old, *a, **k))[1])
     plan = train.update_plan(args, b, d)
     logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.ro, args, args.temperature, plan)
-    adv = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(1)) * b.mask
+    adv = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(1)).to(d.device) * b.mask
     train.update_policy(args, models, b, logp_old, adv, (None, None), None, 0, d)
     n_first = len(plan[0])
     assert ratios[:n_first] == [0.0] * n_first, ratios

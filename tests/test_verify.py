@@ -242,9 +242,10 @@ MATH_VERIFY_DISAGREEMENTS = {
 
 
 def test_equivalence_set_agreement_with_both_graders(capsys):
-    """>= 300 labelled (gold, response) cases from public graders' test suites. math-verify's reading
-    agrees with every label but MATH_VERIFY_DISAGREEMENTS. The official last-box rule misses every
-    answer that is not in exactly one box, and otherwise judges like math-verify."""
+    """>= 300 labelled (gold, response) cases from public graders' test suites, and this project's
+    own cases of one box per value and spaced thousands. math-verify's reading agrees with every label
+    but MATH_VERIFY_DISAGREEMENTS. The official last-box rule misses every answer that is not in exactly
+    one box, and a spaced "1 000", and otherwise judges like math-verify."""
     from math_equivalence_cases import CASES
 
     assert len(CASES) >= 300 and len({(g, r) for g, r, _ in CASES}) == len(CASES)
@@ -256,7 +257,9 @@ def test_equivalence_set_agreement_with_both_graders(capsys):
     official_missed = {(g, r) for (g, r, label), s in zip(CASES, official) if s.reward != label}
     for gold, response in official_missed - missed:  # the last-box rule saw a different answer
         boxes = len(verify._BOX_START.findall(response))
-        assert boxes != 1 or verify.extract_boxed(response) is None or "answer" in response.lower(), (gold, response)
+        box = verify.extract_boxed(response)
+        assert boxes != 1 or box is None or "answer" in response.lower() \
+            or verify.join_spaced_thousands(box) != box, (gold, response)  # it keeps "1 000" as 1 x 000
     with capsys.disabled():
         print(f"\nequivalence set: {len(CASES)} cases; math-verify agrees on {len(CASES) - len(missed)} "
               f"({1 - len(missed) / len(CASES):.1%}), official last-box rule on {len(CASES) - len(official_missed)} "
@@ -709,3 +712,41 @@ def test_processes_that_leave_the_process_group_are_killed(no_leftovers):
                "        if os.fork() == 0:\n            time.sleep(600)\n        os._exit(0)\n"
                "print('done')")
     assert score_code(program, ONE_TEST).reward == 1.0  # it exits at once; its sleepers must go
+
+
+# ---------------------------------------------------------------------------------------------------
+# Math: one box per value, and spaced thousands (by hand; the equivalence set has more)
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, joined", [
+    ("1 000", "1000"), ("1\\,000", "1000"), ("12 345 678", "12345678"), ("3\\,000\\,000.5", "3000000.5"),
+    ("1, 000", "1, 000"),  # a comma and a space: a list
+    ("2023 100", "2023 100"), ("1 2 3", "1 2 3"), ("1 0001", "1 0001"), ("0.5 000", "0.5 000"),
+    ("x = 25 000 and y = 1 500", "x = 25000 and y = 1500"),
+])
+def test_spaced_thousands_are_joined_and_nothing_else(text, joined):
+    assert verify.join_spaced_thousands(text) == joined
+
+
+def test_every_closed_box_is_found_in_order():
+    text = "a \\boxed{3} b \\fbox{x = \\frac{1}{2}} c \\boxed{\\boxed{5}} d \\boxed{7"
+    assert verify._boxes(text) == ["3", "x = \\frac{1}{2}", "\\boxed{5}"]  # the unclosed last one is no box
+    assert [verify._BOX_LHS.sub("", b) for b in ("x = 5", "d(3/5) = \\frac13", "x_1=2", "a+b=5", "-4")] == \
+        ["5", "\\frac13", "2", "a+b=5", "-4"]
+
+
+@pytest.mark.parametrize("response, gold, reward", [
+    ("The roots are $\\boxed{3}$, $\\boxed{5}$, and $\\boxed{7}$.", "3, 5, 7", 1.0),  # issue 44's examples
+    ("$x = \\boxed{0}$, $x = \\boxed{-1}$, and $x = \\boxed{-\\frac{3}{2}}$", "0,-1,-\\frac{3}{2}", 1.0),
+    ("$d(3/5) = \\boxed{\\frac{1}{3}}$, $d(5/8) = \\boxed{1}$, and $d(7/18) = \\boxed{9}$", "\\frac{1}{3}, 1, 9", 1.0),
+    ("Try $\\boxed{3}$; no: $\\boxed{5}$, $\\boxed{7}$ and $\\boxed{9}$ too.", "3, 5, 7", 0.0),  # an extra one
+    ("$\\boxed{3}$ is one; then comes $\\boxed{7}$.", "3, 5, 7", 0.0),  # one missing
+    ("Try $\\boxed{3}$, then $\\boxed{5}$, finally $\\boxed{7}$.", "7", 1.0),  # the last box alone, a value gold
+    ("Try $\\boxed{3}$, then $\\boxed{5}$, finally $\\boxed{7}$.", "3", 0.0),  # not any box
+])
+def test_one_box_per_value_is_graded_on_every_box(response, gold, reward):
+    assert verify.score_batch([response], [gold], ["math"])[0].reward == reward
+    # the official grader's last-box rule is unchanged: the last box only
+    last = verify.score_batch(["\\boxed{" + verify.extract_boxed(response) + "}"], [gold], ["math"])[0].reward
+    assert verify.score_batch([response], [gold], ["math"], math_grader="official")[0].reward == last
