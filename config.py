@@ -70,9 +70,9 @@ class Args:
     n_samples: int = 4
     """K, responses per prompt (paper: 4)"""
     max_prompt_len: int = 64
-    """prompts longer than this are dropped from the data with a warning (paper: 1024)"""
+    """prompt tokens at most (chat template and suffix included); longer prompts of --data are dropped and counted, and dropping more than half of the training or held-out prompts is an error. Embedded model: 64; with --model and --data the default is 1024 (the paper's)"""
     max_response_len: int = 96
-    """max new tokens per response (paper: 3072)"""
+    """max new tokens per response. Embedded model: 96; with --model and --data the default is 1024 (paper: 3072)"""
     temperature: float = 1.0
     """rollout temperature (paper: 1.0)"""
     top_p: float = 1.0
@@ -206,6 +206,10 @@ class Args:
     """GPU memory budget for the up-front estimate; 0 = the device's total"""
 
 
+# The lengths of a run on a real model and data when neither a flag nor a preset sets them (the toy's 64 and 96
+# dropped 7472 of GSM8K's 7473 prompts): the paper's prompt limit, and a third of its response limit.
+DATA_DEFAULTS = dict(max_prompt_len=1024, max_response_len=1024)
+
 PRESETS = {
     # The paper's run (official run_prime_main.sh): Eurus-2-7B-SFT, 256 prompts x 4, 1024/3072 tokens.
     "paper": dict(prompts_per_step=256, n_samples=4, max_prompt_len=1024, max_response_len=3072,
@@ -259,6 +263,8 @@ def parse_args(argv=None, description: str = "") -> Args:
             parser.exit(2, f"{parser.prog}: error: --gamma {gamma} must be in [0, 1]\n")
         given = {"process_gamma": gamma, "outcome_gamma": gamma, **given}
     values = dict(PRESETS.get(given.get("preset", ""), {}))
+    if given.get("data") and given.get("model"):  # real text: the toy's 64 prompt tokens would drop nearly all
+        values = {**DATA_DEFAULTS, **values}
     if "micro_batch_size" in given and "max_tokens_per_micro_batch" not in given:
         values["max_tokens_per_micro_batch"] = 0  # a row count asked for alone replaces the default token budget
     values.update(given)  # explicit flags beat the preset

