@@ -348,7 +348,8 @@ def plot_episodes(run_dir: str | Path, out: str | Path | None = None) -> Path | 
         lines, line = [], []
         steps = e.get("step_ids") or [0] * len(e["tokens"])
         for token, r, k in zip(e["tokens"], e["reward"], steps):
-            text = {"Ċ": "\n", "<eos>": "⏎", None: "·"}.get(token, token)  # None: an id past the vocabulary
+            text = {"Ċ": "\n", "<eos>": "⏎", "<|im_end|>": "⏎", "<|endoftext|>": "⏎", None: "·"}.get(token, token)
+            text = text.replace("Ġ", " ") if text != "\n" else text  # a BPE token's leading space (byte-level)
             if text == "\n":
                 line.append(("↵", r, k))
                 lines.append(line)
@@ -358,7 +359,7 @@ def plot_episodes(run_dir: str | Path, out: str | Path | None = None) -> Path | 
         lines.append(line)
         layout.append([l for l in lines if l])
     n_rows = sum(len(l) + 1.6 for l in layout)
-    width = max(len(l) for lines in layout for l in lines) + 16
+    width = max(sum(len(ch) for ch, _, _ in l) for lines in layout for l in lines) + 16  # a token as wide as its text
     fig, ax = plt.subplots(figsize=(0.16 * width + 2, 0.27 * n_rows + 1.0))
     y = 0.0
     for e, lines in zip(episodes, layout):
@@ -368,17 +369,19 @@ def plot_episodes(run_dir: str | Path, out: str | Path | None = None) -> Path | 
                 fontweight="bold", va="center")
         y += 1.1
         for line in lines:
-            for x, (ch, r, _) in enumerate(line):
+            x = 0
+            for ch, r, _ in line:
                 shade = max(-1, min(1, r / vmax))
-                ax.add_patch(Rectangle((x, y - 0.45), 1, 0.9, color=cmap(0.5 + 0.5 * shade)))
-                ax.text(x + 0.5, y, ch, fontsize=9, family="monospace", ha="center", va="center",
+                ax.add_patch(Rectangle((x, y - 0.45), len(ch), 0.9, color=cmap(0.5 + 0.5 * shade)))
+                ax.text(x + len(ch) / 2, y, ch, fontsize=9, family="monospace", ha="center", va="center",
                         color="white" if abs(shade) > 0.6 else "black")  # readable on the darkest cells
+                x += len(ch)
             step = line[0][2]
             total = sum(r for _, r, _ in line)
             wrong_line = e.get("first_wrong_step", -1) == step and e["outcome"] < 1
             if wrong_line:
-                ax.add_patch(Rectangle((-0.1, y - 0.5), len(line) + 0.2, 1.0, fill=False, lw=1.6, ec="black"))
-            ax.text(len(line) + 1, y, f"Σ {total:+.2f}" + ("  ← first wrong step" if wrong_line else ""),
+                ax.add_patch(Rectangle((-0.1, y - 0.5), x + 0.2, 1.0, fill=False, lw=1.6, ec="black"))
+            ax.text(x + 1, y, f"Σ {total:+.2f}" + ("  ← first wrong step" if wrong_line else ""),
                     fontsize=8, va="center", family="monospace")
             y += 1
         y += 0.5
