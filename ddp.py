@@ -33,8 +33,10 @@ class Dist:
         each is zero-padded to the widest first, so the result can be wider than t."""
         if self.world == 1:
             return t
-        width = int(all_reduce_max([t.shape[-1] if t.dim() else 0], self)[0])
-        out = torch.nn.functional.pad(t, (0, width - t.shape[-1])) if t.dim() else t.clone()
+        if t.dim():  # the widest rank's width first (a scalar needs no such round)
+            out = torch.nn.functional.pad(t, (0, int(all_reduce_max([t.shape[-1]], self)[0]) - t.shape[-1]))
+        else:
+            out = t.clone()
         dist.all_reduce(out)
         return out
 

@@ -65,7 +65,7 @@ from data import (BENCHMARKS, DATA_DIR, MATH_BENCHMARKS, Item, Task, build_promp
                   check_benchmark_names, load_benchmark)
 from ddp import Dist, all_reduce  # noqa: E402
 from rollout import HFRollout, VLLMRollout  # noqa: E402
-from runlog import moving_average, nanmean, read_jsonl, read_run, save_figure, write_json  # noqa: E402
+from runlog import fmt, moving_average, nanmean, read_jsonl, read_run, save_figure, write_json  # noqa: E402
 
 BOOTSTRAP_RESAMPLES = 2000  # as PASS's Table 6: 2000 resamples of whole problems
 BOOTSTRAP_SEED = 0
@@ -482,14 +482,10 @@ def write_summary(run_dir: Path, args, start: dict, end: dict, timing: dict, eva
     print(f"\nheld-out accuracy ({eval_problems} problems): greedy {start['greedy']:.3f} -> {end['greedy']:.3f}; "
           f"sampled ({args.eval_samples} per problem) {start['sampled']:.3f} -> {end['sampled']:.3f}")
     print(f"training reward (last 10 steps): {summary['final_reward_10']:.3f}; "
-          f"PRM pairwise accuracy (last 10): {_or_na(summary['final_prm_accuracy_10'])}; "
-          f"localisation (last 10): {_or_na(summary['final_prm_localization_10'])}")
+          f"PRM pairwise accuracy (last 10): {fmt(summary['final_prm_accuracy_10'])}; "
+          f"localisation (last 10): {fmt(summary['final_prm_localization_10'])}")
     print(f"time per step: {split}; wall {timing['wall_seconds']:.0f}s")
     print(f"run folder: {run_dir} (metrics.jsonl, episodes.jsonl, curves.png, final/, summary.json)", flush=True)
-
-
-def _or_na(x) -> str:
-    return "n/a" if x is None else f"{x:.2f}"
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -181,24 +181,25 @@ def _last_box(text: str) -> tuple[str | None, int, str]:
     starts = [m.end() for m in _BOX_START.finditer(text)]
     if not starts:
         return None, 0, "no_boxed"
+    end = _box_end(text, starts[-1])
+    return (text[starts[-1]:end], len(starts), "") if end is not None else (None, len(starts), "unclosed_boxed")
+
+
+def _box_end(text: str, start: int) -> int | None:
+    """Where the box whose content starts at `start` closes (its `}`), braces matched; None if never."""
     depth = 1
-    for brace in _BRACE.finditer(text, starts[-1]):
+    for brace in _BRACE.finditer(text, start):
         depth += 1 if brace.group() == "{" else -1
         if depth == 0:
-            return text[starts[-1]:brace.start()], len(starts), ""
-    return None, len(starts), "unclosed_boxed"
+            return brace.start()
+    return None
 
 
 def _boxes(text: str) -> list[str]:
     """The contents of every closed outermost box, in order (braces matched as in _last_box)."""
     found, position = [], 0
     while (start := _BOX_START.search(text, position)) is not None:
-        depth, end = 1, None
-        for brace in _BRACE.finditer(text, start.end()):
-            depth += 1 if brace.group() == "{" else -1
-            if depth == 0:
-                end = brace.start()
-                break
+        end = _box_end(text, start.end())
         if end is None:  # unclosed: nothing after it is a box either
             break
         found.append(text[start.end():end])
