@@ -172,6 +172,25 @@ def test_every_gold_verifies_against_itself():
     assert sum(key[0] == "gsm8k" for _, _, key in cases) > 1319  # the comma cases did run
 
 
+def test_sums_task_file_is_distinct_two_digit_questions_with_their_sums(tmp_path):
+    """python data.py sums: what the README's real-model runs train on. Every row a distinct pair of
+    two-digit numbers, gold their sum as math-verify reads it; the same seed writes the same file."""
+    out = tmp_path / "sums.jsonl"
+    subprocess.run([sys.executable, str(Path(data.__file__)), "sums", "--digits", "2", "--rows", "300",
+                    "--out", str(out)], check=True, capture_output=True)
+    rows = data.read_rows(out)
+    pairs = [tuple(int(x) for x in r["question"].removeprefix("What is ").removesuffix("?").split(" + "))
+             for r in rows]
+    assert len(rows) == 300 and len(set(pairs)) == 300
+    assert all(10 <= a <= 99 and 10 <= b <= 99 and r["answer"] == str(a + b) for (a, b), r in zip(pairs, rows))
+    assert rows == data.sums_rows(300, 2, seed=0) != data.sums_rows(300, 2, seed=1)
+    scores = verify.score_batch([f"\\boxed{{{r['answer']}}}" for r in rows], [r["answer"] for r in rows],
+                                ["math"] * len(rows))
+    assert all(s.reward == 1.0 for s in scores)
+    with pytest.raises(SystemExit, match="--rows 82: there are only 81 pairs of 1-digit numbers"):
+        data.sums_rows(82, 1)
+
+
 def test_multiple_answer_gold_needs_all_answers_in_any_order():
     scores = verify.score_batch(["\\boxed{69}", "\\boxed{84, 69}", "\\boxed{69, 84}"],
                                 ["$69$,$84$"] * 3, ["math"] * 3)
