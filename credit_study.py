@@ -2,7 +2,7 @@
 PRM capture? Along a dial of task settings (chain length, slip rate), outcome-only RLOO vs the exact
 step checker (a perfect process signal) vs the implicit PRM, under several advantage constructions.
 
-    python credit_study.py                                                # every setting's arms, 3 seeds
+    python credit_study.py                                                # every setting's arms, 5 seeds, 70 steps
     python credit_study.py --settings sparse --arms outcome-nf step-nf    # a part of it
     python credit_study.py --settings sparser --arms outcome-nf step-nf-gamma --tag gamma   # its own plot
     python credit_study.py --report-only                                  # tables and plots from finished runs
@@ -246,7 +246,7 @@ CREDIT_LABELS = {
     "implicit-nf-mixed-e1-teacher": "PRIME-E1, no filter, PRM on mixed, PRM started from the clean demonstrator",
     "implicit-nf-e1-teacher-frozen": "... the same start, the PRM never trained (beta log pi_teacher / pi_SFT)",
 }
-# What `python credit_study.py` runs in each setting (3 seeds each); the rest of CREDIT_ARMS are
+# What `python credit_study.py` runs in each setting (5 seeds each); the rest of CREDIT_ARMS are
 # there to be run with --arms. The dense settings get the three process sources with PRIME's filter;
 # the sparse one, where the first trials found a lead, gets every construction.
 CREDIT = {

@@ -44,6 +44,7 @@ from config import parse_args as parse_train_args  # noqa: E402
 from runlog import moving_average, nanmean  # noqa: E402
 
 REPO = Path(__file__).resolve().parent
+TRAIN_STEPS = parse_train_args([]).steps  # train.py's default: the comparisons run the default as shipped
 
 # Each arm: train.py flags on top of the defaults (which are PRIME's: RLOO + online implicit PRM).
 ARMS = {
@@ -281,8 +282,9 @@ def plot(comparison: str, arms: list[str], runs: dict, figures: Path, window: in
 def same_parser(description: str) -> argparse.ArgumentParser:
     """The flags every study shares (reproduce.py's comparisons, credit_study.py)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--steps", type=int, default=100, help="RL steps of every run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5],
+                        help="5: what a paired claim needs (CLAIM_SEEDS)")
+    parser.add_argument("--steps", type=int, default=TRAIN_STEPS, help="RL steps of every run (train.py's default)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--out", default="runs/repro", help="where the runs go")
     parser.add_argument("--cache-dir", default=".cache", help="the shared SFT checkpoint cache")
