@@ -17,6 +17,7 @@ results and what they do and do not show.
 """
 
 import json
+import math
 from pathlib import Path
 
 import matplotlib
@@ -35,7 +36,7 @@ import toy_task  # noqa: E402
 import torch  # noqa: E402
 import train  # noqa: E402
 from rollout import HFRollout  # noqa: E402
-from reproduce import (ARMS, CLAIM_T, REPO, build_sft, fmt, load_finished, merge_json, paired,  # noqa: E402
+from reproduce import (ARMS, CLAIM_SEEDS, CLAIM_T, CLAIM_T_STRONG, NULL_RATE, REPO, build_sft, fmt, load_finished, merge_json, paired,  # noqa: E402
                        paired_text, parse_study_args, run_all, same_parser, save_figure, series, steps_to_reach,
                        train_config)
 from runlog import moving_average, nanmean  # noqa: E402
@@ -199,8 +200,8 @@ CREDIT_ARMS = {
                                 baseline="outcome-tiny", checker="step"),
 }
 CREDIT_LABELS = {
-    "outcome": "outcome-only RLOO", "step": "RLOO + exact step checker", "implicit": "PRIME (RLOO + implicit PRM)",
-    "outcome-nf": "outcome-only RLOO, no filter", "step-nf": "RLOO + step checker, no filter",
+    "outcome": "outcome-only", "step": "RLOO + exact step checker", "implicit": "PRIME",
+    "outcome-nf": "outcome-only, no filter", "step-nf": "RLOO + step checker, no filter",
     "implicit-nf": "PRIME, no filter", "implicit-nf-mixed": "PRIME, no filter, PRM on mixed groups",
     "implicit-nf-mixed-warm": "... + PRM warmed up offline (20 batches)",
     "implicit-nf-mixed-prmlr": "... + PRM lr 1e-3", "implicit-nf-mixed-k8": "... + 8 samples x 16 prompts",
@@ -209,42 +210,42 @@ CREDIT_LABELS = {
     "step-nf-pass": "PASS + step checker, no filter",
     "implicit-nf-mixed-gamma": "PRIME, no filter, PRM on mixed, gamma 0.9",
     "outcome-nf-gamma": "outcome-only RLOO, no filter, gamma 0.9",
-    "outcome-nf-lr1e-4": "outcome-only RLOO, no filter, lr 1e-4", "step-nf-lr1e-4": "step checker, no filter, lr 1e-4",
+    "outcome-nf-lr1e-4": "outcome-only, no filter, lr 1e-4", "step-nf-lr1e-4": "step checker, no filter, lr 1e-4",
     "implicit-nf-mixed-lr1e-4": "PRIME, no filter, PRM on mixed, lr 1e-4",
     "outcome-lr1e-4": "outcome-only RLOO, lr 1e-4", "step-lr1e-4": "RLOO + step checker, lr 1e-4",
     "implicit-lr1e-4": "PRIME, lr 1e-4", "outcome-tiny": "outcome-only RLOO, 8 prompts a step",
     "outcome-tiny-lr1e-4": "outcome-only RLOO, 8 prompts a step, lr 1e-4",
-    "implicit-e1": "PRIME, Eq. 5 form, process gamma 0.5, outcome undiscounted",
-    "implicit-e1-0.9": "PRIME, Eq. 5 form, process gamma 0.9, outcome undiscounted",
-    "step-e1": "RLOO + step checker, Eq. 5 form, process gamma 0.5",
-    "step-e1-0.9": "RLOO + step checker, Eq. 5 form, process gamma 0.9",
-    "step-nf-e1": "RLOO + step checker, no filter, Eq. 5 form, process gamma 0.5",
-    "implicit-nf-mixed-e1": "PRIME, no filter, PRM on mixed, Eq. 5 form, process gamma 0.5",
-    "step-first": "RLOO + checker of the first wrong line only", "step-first-e1": "... the same, Eq. 5 form, gamma 0.5",
-    "step-first-nf-e1": "checker of the first wrong line only, no filter, Eq. 5 form, gamma 0.5",
-    "step-first-nf": "checker of the first wrong line only, no filter, gamma 1",
-    "step-nf-e1-0.9": "RLOO + step checker, no filter, Eq. 5 form, process gamma 0.9",
-    "step-noise-nf-e1": "step checker + noise sd 1.4, no filter, Eq. 5 form, gamma 0.5",
-    "implicit-nf-mixed-only": "PRIME, no filter, PRM and process rewards on mixed groups only",
+    "implicit-e1": "PRIME, local",
+    "implicit-e1-0.9": "PRIME, local 0.9",
+    "step-e1": "checker, local",
+    "step-e1-0.9": "checker, local 0.9",
+    "step-nf-e1": "checker, local",
+    "implicit-nf-mixed-e1": "PRIME, local",
+    "step-first": "first-slip checker, gamma 1", "step-first-e1": "... the same, Eq. 5 form, gamma 0.5",
+    "step-first-nf-e1": "first-slip checker, local",
+    "step-first-nf": "first-slip checker, gamma 1",
+    "step-nf-e1-0.9": "checker, local 0.9",
+    "step-noise-nf-e1": "noisy checker, local",
+    "implicit-nf-mixed-only": "PRIME, mixed groups only",
     "implicit-teacher": "PRIME, PRM started from the clean demonstrator",
-    "implicit-nf-mixed-only-e1": "PRIME, no filter, process rewards on mixed groups only, Eq. 5 form, gamma 0.5",
-    "implicit-nf-mixed-raw-e1": "PRIME, no filter, PRM on mixed, raw rewards, Eq. 5 form, gamma 0.5",
-    "implicit-nf-mixed-e1-0.9": "PRIME, no filter, PRM on mixed, Eq. 5 form, process gamma 0.9",
-    "outcome-nf-k2": "outcome-only RLOO, no filter, 2 samples x 64 prompts",
-    "implicit-nf-mixed-e1-k2": "PRIME-E1, no filter, PRM on mixed, 2 samples x 64 prompts",
-    "outcome-nf-k8": "outcome-only RLOO, no filter, 8 samples x 16 prompts",
-    "implicit-nf-mixed-e1-k8": "PRIME-E1, no filter, PRM on mixed, 8 samples x 16 prompts",
-    "outcome-nf-k16": "outcome-only RLOO, no filter, 16 samples x 8 prompts",
-    "implicit-nf-mixed-e1-k16": "PRIME-E1, no filter, PRM on mixed, 16 samples x 8 prompts",
-    "outcome-nf-lr3e-5": "outcome-only RLOO, no filter, lr 3e-5",
-    "implicit-nf-mixed-only-e1-lr3e-5": "PRIME-E1, process rewards on mixed groups only, lr 3e-5",
-    "implicit-nf-mixed-only-e1-lr1e-4": "PRIME-E1, process rewards on mixed groups only, lr 1e-4",
-    "implicit-nf-mixed-e1-lr3e-5": "PRIME-E1, no filter, PRM on mixed, lr 3e-5",
-    "implicit-nf-mixed-e1-lr1e-4": "PRIME-E1, no filter, PRM on mixed, lr 1e-4",
-    "step-nf-e1-lr1e-4": "RLOO + step checker, no filter, Eq. 5 form, gamma 0.5, lr 1e-4",
-    "implicit-nf-mixed-e1-teacher-lr1e-4": "PRIME-E1, no filter, PRM on mixed, from the clean demonstrator, lr 1e-4",
-    "implicit-nf-mixed-e1-teacher": "PRIME-E1, no filter, PRM on mixed, PRM started from the clean demonstrator",
-    "implicit-nf-e1-teacher-frozen": "... the same start, the PRM never trained (beta log pi_teacher / pi_SFT)",
+    "implicit-nf-mixed-only-e1": "PRIME, local, mixed groups only",
+    "implicit-nf-mixed-raw-e1": "PRIME, local, raw rewards",
+    "implicit-nf-mixed-e1-0.9": "PRIME, local 0.9",
+    "outcome-nf-k2": "outcome-only, no filter, K = 2",
+    "implicit-nf-mixed-e1-k2": "PRIME, local, K = 2",
+    "outcome-nf-k8": "outcome-only, no filter, K = 8",
+    "implicit-nf-mixed-e1-k8": "PRIME, local, K = 8",
+    "outcome-nf-k16": "outcome-only, no filter, K = 16",
+    "implicit-nf-mixed-e1-k16": "PRIME, local, K = 16",
+    "outcome-nf-lr3e-5": "outcome-only, no filter, lr 3e-5",
+    "implicit-nf-mixed-only-e1-lr3e-5": "PRIME, local, mixed groups only, lr 3e-5",
+    "implicit-nf-mixed-only-e1-lr1e-4": "PRIME, local, mixed groups only, lr 1e-4",
+    "implicit-nf-mixed-e1-lr3e-5": "PRIME, local, lr 3e-5",
+    "implicit-nf-mixed-e1-lr1e-4": "PRIME, local, lr 1e-4",
+    "step-nf-e1-lr1e-4": "checker, local, lr 1e-4",
+    "implicit-nf-mixed-e1-teacher-lr1e-4": "teacher-started PRM, local, lr 1e-4",
+    "implicit-nf-mixed-e1-teacher": "teacher-started PRM, local",
+    "implicit-nf-e1-teacher-frozen": "frozen teacher PRM, local",
 }
 # What `python credit_study.py` runs in each setting (5 seeds each); the rest of CREDIT_ARMS are
 # there to be run with --arms. The dense settings get the three process sources with PRIME's filter;
@@ -605,17 +606,64 @@ def gradient_report(grads: dict) -> dict:
     return out
 
 
+# Arm-against-arm differences the study's text quotes besides each arm's own baseline (setting, arm,
+# against): so that every paired number in docs/REPRODUCTION.md comes out of one command.
+QUOTED_PAIRS = [
+    ("sparser", "step-first-nf-e1", "step-nf-e1"), ("sparser", "step-noise-nf-e1", "step-nf-e1"),
+    ("sparser", "step-nf-e1-0.9", "step-nf-e1"), ("sparser", "step-first-nf", "step-first-nf-e1"),
+    ("sparser", "implicit-nf-mixed-e1-0.9", "step-nf-e1-0.9"),
+    ("sparser", "implicit-nf-mixed-e1-0.9", "implicit-nf-mixed-e1"),
+    ("sparser", "implicit-nf-mixed-only-e1", "implicit-nf-mixed-e1"),
+    ("sparser", "implicit-nf-mixed-e1-teacher", "implicit-nf-mixed-e1"),
+    ("sparser", "implicit-nf-mixed-e1-teacher", "step-nf-e1"),
+    ("sparser", "implicit-nf-e1-teacher-frozen", "implicit-nf-mixed-e1-teacher"),
+    ("sparser", "implicit-nf-e1-teacher-frozen", "step-nf-e1"),
+    ("sparser", "outcome-nf-k2", "outcome-nf"), ("sparser", "outcome-nf-k8", "outcome-nf"),
+    ("sparser", "outcome-nf-k16", "outcome-nf"), ("sparser", "outcome-nf-k16", "outcome-nf-k8"),
+    ("sparser", "outcome-nf-lr3e-5", "outcome-nf"), ("sparser", "outcome-nf-lr1e-4", "outcome-nf"),
+    ("sparser", "step-nf-e1-lr1e-4", "step-nf-e1"),
+    ("sparser", "implicit-nf-mixed-only-e1-lr3e-5", "implicit-nf-mixed-e1-lr3e-5"),
+    ("sparser", "implicit-nf-mixed-only-e1-lr1e-4", "implicit-nf-mixed-e1-lr1e-4"),
+    ("sparser", "implicit-nf-mixed-e1-teacher-lr1e-4", "step-nf-e1-lr1e-4"),
+    ("sparser", "implicit-nf-mixed-e1-teacher-lr1e-4", "implicit-nf-mixed-e1-lr1e-4"),
+]
+COLLAPSED = 0.5  # a run whose greedy held-out accuracy ends below this has collapsed
+
+
 def paired_from_json(recorded: dict) -> str:
-    """Every recorded arm against its outcome-only baseline, paired by seed, from credit.json alone:
-    the verdicts the study's text may state (reproduce.paired: a claim needs CLAIM_SEEDS seeds)."""
-    lines = ["| setting | arm | seeds | end sampled - baseline's, paired |", "| --- | --- | --- | --- |"]
-    for setting, stats in recorded.items():
-        for arm, st in stats.items():
-            base = CREDIT_ARMS[arm]["baseline"]
-            if arm == base or base not in stats:
-                continue
-            p = paired(per_seed(st), per_seed(stats[base]))
-            lines.append(f"| {setting} | {CREDIT_LABELS[arm]} | {len(p['seeds'])} | {paired_text(p)} |")
+    """Every recorded arm against its outcome-only baseline, and the QUOTED_PAIRS, paired by seed, from
+    credit.json alone: the verdicts the study's text may state (reproduce.paired), the 95% interval of
+    the difference (what "no difference" may mean), and how many runs of each side collapsed (greedy
+    below COLLAPSED at the end). A difference with a collapsed run is bimodal, so its t is not
+    trusted: its verdict is the sign count and the sign test's p instead. Ends with the family: how
+    many tests had enough seeds, and how many false claims the rule and the strong threshold expect
+    among them if no difference were real."""
+    pairs = [(setting, arm, CREDIT_ARMS[arm]["baseline"]) for setting, stats in recorded.items() for arm in stats
+             if arm != CREDIT_ARMS[arm]["baseline"] and CREDIT_ARMS[arm]["baseline"] in stats]
+    pairs += [q for q in QUOTED_PAIRS if q[0] in recorded and q[1] in recorded[q[0]] and q[2] in recorded[q[0]]]
+    lines = ["| setting | arm | against | seeds | end sampled difference, paired | 95% interval | "
+             "runs collapsed (arm / against) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    family = strong = 0
+    for setting, arm, against in pairs:
+        a, b = recorded[setting][arm], recorded[setting][against]
+        p = paired(per_seed(a), per_seed(b))
+        collapsed = [sum(g < COLLAPSED for s, g in per_seed(x, "end_greedy").items() if s in p["seeds"])
+                     if "end_greedy" in x else 0 for x in (a, b)]
+        text = paired_text(p)
+        if any(collapsed) and len(p["seeds"]) > 1:
+            text = (f"{p['mean']:+.3f} ({p['up']}/{len(p['seeds'])} up; bimodal: sign test p "
+                    f"{p['sign_p']:.2f}, no t)")
+        elif p["verdict"] != "too few seeds":
+            family += 1
+            strong += abs(p["t"]) >= CLAIM_T_STRONG and p["verdict"] in ("up", "down")
+        lo, hi = p["ci95"]
+        interval = "n/a" if math.isnan(lo) or any(collapsed) else f"[{lo:+.3f}, {hi:+.3f}]"
+        lines.append(f"| {setting} | {CREDIT_LABELS[arm]} | {CREDIT_LABELS[against]} | {len(p['seeds'])} | {text} | "
+                     f"{interval} | {collapsed[0]} / {collapsed[1]} |")
+    lines.append(f"\n{family} differences with {CLAIM_SEEDS}+ seeds and no collapse were tested (t). If none were real, "
+                 f"the rule (|t| >= {CLAIM_T:g}, every sign alike) would make {family * NULL_RATE[CLAIM_T]:.1f} false "
+                 f"claims among them, |t| >= {CLAIM_T_STRONG:g} {family * NULL_RATE[CLAIM_T_STRONG]:.2f}; "
+                 f"{strong} of them pass |t| >= {CLAIM_T_STRONG:g}.")
     return "\n".join(lines)
 
 

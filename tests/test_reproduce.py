@@ -285,10 +285,47 @@ def test_paired_from_json_reads_every_arm_against_its_baseline():
                            "step-nf": {"seeds": [1, 2], "end_sampled": [0.15, 0.27]},
                            "implicit-nf-mixed": {"seeds": [2], "end_sampled": [0.19]}}}
     text = credit_study.paired_from_json(recorded)
-    # step-nf: differences 0.05 and 0.07, mean 0.06, sd 0.01414, t = 0.06 / 0.01 = 6.0
-    assert "| sparse | RLOO + step checker, no filter | 2 | +0.060 (t 6.0, 2/2 up; too few seeds) |" in text
-    assert "| sparse | PRIME, no filter, PRM on mixed groups | 1 | -0.010 (one seed) |" in text
-    assert "outcome-only" not in text  # the baseline itself has no row
+    # step-nf: differences 0.05 and 0.07, mean 0.06, sd 0.01414, t = 0.06 / 0.01 = 6.0;
+    # 95% interval 0.06 +- 12.706 x 0.01 = [-0.067, +0.187]
+    assert ("| sparse | RLOO + step checker, no filter | outcome-only, no filter | 2 | +0.060 (t 6.0, 2/2 up; "
+            "too few seeds) | [-0.067, +0.187] | 0 / 0 |") in text
+    assert "| sparse | PRIME, no filter, PRM on mixed groups | outcome-only, no filter | 1 | -0.010 (one seed) | n/a |" in text
+    assert "| sparse | outcome-only, no filter |" not in text  # the baseline itself has no row
+    assert text.endswith("0 differences with 5+ seeds and no collapse were tested (t). If none were real, the rule "
+                         "(|t| >= 3, every sign alike) would make 0.0 false claims among them, |t| >= 5 0.00; "
+                         "0 of them pass |t| >= 5.")
+
+
+def test_paired_from_json_gives_collapses_a_sign_count_and_counts_the_family():
+    seeds = [1, 2, 3, 4, 5]
+    outcome = {"seeds": seeds, "end_sampled": [0.20, 0.22, 0.24, 0.26, 0.28], "end_greedy": [1.0] * 5}
+    checker = {"seeds": seeds, "end_sampled": [0.25, 0.28, 0.29, 0.32, 0.33], "end_greedy": [1.0] * 5}
+    collapsed = {"seeds": seeds, "end_sampled": [0.0, 0.20, 0.01, 0.0, 0.0], "end_greedy": [0.0, 0.99, 0.2, 0.0, 0.0]}
+    text = credit_study.paired_from_json({"sparser": {"outcome-nf": outcome, "step-nf-e1": checker,
+                                                      "implicit-nf-mixed-e1": collapsed}})
+    # checker - outcome: 0.05, 0.06, 0.05, 0.06, 0.05; mean 0.054, sd 0.005477, t = 0.054 / 0.002449 = 22.0;
+    # interval 0.054 +- 2.776 x 0.002449 = [+0.047, +0.061]
+    assert "| checker, local | outcome-only, no filter | 5 | +0.054 (t 22.0, 5/5 up; up) | [+0.047, +0.061] | 0 / 0 |" in text
+    # 4 of 5 runs below greedy 0.5: a sign count (5 of 5 down, p = 2 / 32 = 0.0625) instead of a t or an interval
+    assert ("| PRIME, local | outcome-only, no filter | 5 | -0.198 (0/5 up; bimodal: sign test p 0.06, no t) | n/a | "
+            "4 / 0 |") in text
+    assert text.endswith("1 differences with 5+ seeds and no collapse were tested (t). If none were real, the rule "
+                         "(|t| >= 3, every sign alike) would make 0.0 false claims among them, |t| >= 5 0.01; "
+                         "1 of them pass |t| >= 5.")
+
+
+def test_interval_quantiles_and_sign_test_by_hand():
+    # Student's t 97.5% points from a printed table; above 10 degrees within 1.1% of it
+    for df, q in ((1, 12.706), (4, 2.776), (10, 2.228), (12, 2.179), (20, 2.086), (30, 2.042)):
+        assert reproduce.t975(df) == pytest.approx(q, rel=0.011)
+    # 5 of 5 one way: 2 x 1/32; 4 of 5: 2 x 6/32; 3 of 5: 2 x 16/32 = 1; nothing non-zero: 1
+    assert reproduce.sign_test_p(5, 0) == reproduce.sign_test_p(0, 5) == pytest.approx(2 / 32)
+    assert reproduce.sign_test_p(4, 1) == pytest.approx(12 / 32)
+    assert reproduce.sign_test_p(3, 2) == reproduce.sign_test_p(0, 0) == 1.0
+    p = reproduce.paired({1: 0.3, 2: 0.5, 3: 0.4}, {1: 0.1, 2: 0.2, 3: 0.2})  # 0.2, 0.3, 0.2: sd 0.0577
+    se = np.std([0.2, 0.3, 0.2], ddof=1) / math.sqrt(3)
+    assert p["ci95"] == pytest.approx((0.7 / 3 - 4.303 * se, 0.7 / 3 + 4.303 * se))
+    assert all(math.isnan(x) for x in reproduce.paired({1: 0.3}, {1: 0.1})["ci95"])
 
 
 def test_plot_gradients_draws_every_recorded_checkpoint_from_the_json(tmp_path):
