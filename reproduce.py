@@ -60,7 +60,7 @@ ARMS = {
     "ppo": ["--estimator", "ppo", "--process", "none"],
     "ppo+prm": ["--estimator", "ppo"],
 }
-LABELS = {"prime": "PRIME (RLOO + implicit PRM)", "rloo": "RLOO, outcome only", "prime-offline": "PRIME, offline PRM",
+LABELS = {"prime": "PRIME", "rloo": "outcome-only", "prime-offline": "PRIME, offline PRM",
           "reinforce": "REINFORCE", "reinforce+prm": "REINFORCE + implicit PRM", "grpo": "GRPO",
           "grpo+prm": "GRPO + implicit PRM", "pass-implicit": "PASS, implicit PRM", "pass-step": "PASS, exact step checker",
           "ppo": "PPO (critic + GAE)", "ppo+prm": "PPO + implicit PRM"}

@@ -41,7 +41,7 @@ def test_one_comparison_end_to_end(cache_dir, tmp_path, capsys):
     assert set(results) == {"prime", "rloo"}
     metrics = [json.loads(l) for l in (tmp_path / "runs" / "rloo-s1" / "metrics.jsonl").read_text().splitlines()]
     assert results["rloo"]["reward_last"] == [np.mean([m["reward"] for m in metrics[-2:]])]
-    assert "| RLOO, outcome only |" in stdout and "PRIME reaches" in stdout
+    assert "| outcome-only |" in stdout and "PRIME reaches" in stdout
     # a second call finds the runs finished and only redraws
     reproduce.main(argv)
     assert "done in" not in capsys.readouterr().out
