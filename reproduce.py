@@ -231,6 +231,7 @@ def summarize(arm: str, runs: list[dict], window: int) -> dict:
                     for k in runs[0]["summary"]["step_seconds"]}
     with np.errstate(all="ignore"):
         return {"arm": arm, "seeds": len(runs), "seed": [r["config"]["seed"] for r in runs],
+                "steps": [r["summary"]["steps"] for r in runs],  # what default a result ran on, with the start
                 "start_sampled": [r["summary"]["start_sampled_accuracy"] for r in runs],
                 "end_sampled": [r["summary"]["end_sampled_accuracy"] for r in runs],
                 "eval_draws": [r["summary"]["eval_problems"] * r["config"]["eval_samples"] for r in runs],
