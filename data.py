@@ -12,6 +12,7 @@ prompt, or the plain text for a tokenizer without one (a base model, the embedde
 """
 
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -308,8 +309,6 @@ def load_benchmark(name: str, data_dir: str | Path, limit: int = 0) -> list[Item
     return items
 
 
-
-
 # ---------------------------------------------------------------------------------------------------
 # A real-language task for a small real model (README "A real model")
 # ---------------------------------------------------------------------------------------------------
@@ -320,7 +319,6 @@ def sums_rows(rows: int, digits: int, seed: int = 0) -> list[dict]:
     gold a + b. SmolLM2-135M-Instruct starts at 16% sampled accuracy on two-digit sums at temperature
     0.7 (48 problems x 8, 96 tokens; 31% on one-digit-plus ones): low enough to learn, high enough
     that most groups are mixed. train.py holds out the first rows (a tenth, at most --eval-problems)."""
-    import random
     rng = random.Random(seed)
     low, high = 10 ** (digits - 1), 10 ** digits - 1
     pairs = [(a, b) for a in range(low, high + 1) for b in range(low, high + 1)]

@@ -40,11 +40,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 
 import runlog  # noqa: E402
+from config import Args  # noqa: E402
 from config import parse_args as parse_train_args  # noqa: E402
 from runlog import moving_average, nanmean  # noqa: E402
 
 REPO = Path(__file__).resolve().parent
-TRAIN_STEPS = parse_train_args([]).steps  # train.py's default: the comparisons run the default as shipped
+TRAIN_STEPS = Args.steps  # train.py's default: the comparisons run the default as shipped
 
 # Each arm: train.py flags on top of the defaults (which are PRIME's: RLOO + online implicit PRM).
 ARMS = {
