@@ -5,6 +5,7 @@
     python eval.py --model PATH --benchmarks math500,gsm8k,aime24,amc23,minerva,olympiad --greedy
     python eval.py --model PATH --benchmarks aime24,amc23 --n 16 --temperature 0.6 --top-p 0.95
     python eval.py --plot runs/A runs/B --plot-out compare.png  # curves of several runs
+    python eval.py --compare hf.json vllm.json                  # two evaluations, paired by problem
 
 What one evaluation does, per benchmark:
     1. load the problems and gold answers from ../shared/data (each file names its gold differently,
@@ -44,6 +45,7 @@ Simplifications relative to the papers' evaluation code:
 
 import argparse
 import importlib.util
+import json
 import math
 import time
 from pathlib import Path
@@ -248,15 +250,20 @@ def evaluate(name: str, items: list[Item], sampler, tokenizer, n: int, greedy: b
             rollout, texts, scores = sample_and_score(sampler, [ids for ids, _ in prompts[first:first + per_call]],
                                                       [item.gold for item in chunk], ["math"] * len(chunk), n,
                                                       greedy, math_grader)
+            chunk_lengths = rollout.response_mask.sum(-1).tolist()
             for j, item in enumerate(chunk):  # rows j*n .. j*n+n-1 are this problem's samples
-                group = scores[j * n:(j + 1) * n]
+                rows = slice(j * n, (j + 1) * n)
+                group = scores[rows]
                 correct.append(sum(s.reward == 1.0 for s in group))
                 details.append({"index": item.index, "gold": item.gold, "correct": correct[-1],
-                                "answers": [verify.extract_boxed(t) for t in texts[j * n:(j + 1) * n]],
+                                "boxed": sum(s.format == 1.0 for s in group),  # for --compare
+                                "truncated": int(rollout.truncated[rows].sum()),
+                                "length": float(np.mean(chunk_lengths[rows])),
+                                "answers": [verify.extract_boxed(t) for t in texts[rows]],
                                 "response": texts[j * n]})
             rewards += [s.reward for s in scores]
             formats += [s.format for s in scores]
-            lengths += rollout.response_mask.sum(-1).tolist()
+            lengths += chunk_lengths
             truncated += rollout.truncated.tolist()
             bar.update(len(chunk))
             bar.set_postfix(pass1=f"{sum(correct) / (n * len(correct)):.3f}")
@@ -274,6 +281,54 @@ def evaluate(name: str, items: list[Item], sampler, tokenizer, n: int, greedy: b
     result["example_prompt"] = prompts[0][1]
     result["per_problem"] = details
     return result
+
+
+# --compare: two evaluations of the same problems (e.g. --rollout hf and --rollout vllm, or two seeds)
+# agree within sampling error when each per-problem rate differs by no more than its noise allows.
+COMPARED = {"pass@1": "correct", "boxed": "boxed", "truncated": "truncated", "length": "length"}
+
+
+def compare_evaluations(a: dict, b: dict) -> dict[str, dict[str, dict]]:
+    """{benchmark: {metric: stats}} of two eval.py reports, paired by problem. Per problem i the
+    difference d_i = a_i - b_i of a rate (correct, boxed or truncated responses over n) or of the
+    mean response length; stats: its mean over the P shared problems, the paired standard error
+    sd(d) / sqrt(P), a normal 95% interval (mean +- 1.96 SE, fine for P of 30 or more), and `agree`
+    (the interval holds 0). Problems are matched by their index; a metric that either report lacks
+    (files from before it was recorded) is left out."""
+    out = {}
+    for name in a["benchmarks"].keys() & b["benchmarks"].keys():
+        ra, rb = a["benchmarks"][name], b["benchmarks"][name]
+        pa = {p["index"]: p for p in ra["per_problem"]}
+        pb = {p["index"]: p for p in rb["per_problem"]}
+        shared = sorted(pa.keys() & pb.keys())
+        if len(shared) < 2:
+            raise SystemExit(f"--compare: {name} has {len(shared)} problems in both files; 2 or more are needed")
+        out[name] = {}
+        for metric, key in COMPARED.items():
+            if any(key not in pa[i] or key not in pb[i] for i in shared):
+                continue
+            scale_a, scale_b = (1, 1) if metric == "length" else (ra["n"], rb["n"])
+            d = np.array([pa[i][key] / scale_a - pb[i][key] / scale_b for i in shared], dtype=float)
+            mean, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d)))
+            out[name][metric] = {"a": float(np.mean([pa[i][key] / scale_a for i in shared])),
+                                 "b": float(np.mean([pb[i][key] / scale_b for i in shared])),
+                                 "difference": mean, "se": se, "ci95": [mean - 1.96 * se, mean + 1.96 * se],
+                                 "problems": len(shared), "agree": abs(mean) <= 1.96 * se}
+    return out
+
+
+def format_comparison(stats: dict[str, dict[str, dict]], a_name: str, b_name: str) -> str:
+    """The terminal table of compare_evaluations: rates in percent, lengths in tokens."""
+    lines = [f"A = {a_name}\nB = {b_name}\n",
+             f"{'benchmark':<12}{'metric':<11}{'A':>8}{'B':>8}{'A - B':>8}{'SE':>7}{'95% CI':>18}  agree"]
+    for name, metrics in stats.items():
+        for metric, r in metrics.items():
+            k = 1 if metric == "length" else 100
+            low, high = r["ci95"]
+            lines.append(f"{name:<12}{metric:<11}{k * r['a']:>8.1f}{k * r['b']:>8.1f}{k * r['difference']:>8.1f}"
+                         f"{k * r['se']:>7.1f}{f'[{k * low:.1f}, {k * high:.1f}]':>18}  "
+                         f"{'yes' if r['agree'] else 'NO'} ({r['problems']} problems)")
+    return "\n".join(lines)
 
 
 def format_table(results: dict[str, dict]) -> str:
@@ -516,6 +571,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot", nargs="+", default=None, metavar="RUN_DIR",
                    help="instead of evaluating: plot these train.py run folders side by side")
     p.add_argument("--plot-out", default="compare.png", help="where --plot writes its figure")
+    p.add_argument("--compare", nargs=2, default=None, metavar=("A.json", "B.json"),
+                   help="instead of evaluating: two eval.py results of the same problems (e.g. --rollout hf and "
+                        "vllm), their per-problem differences with paired standard errors")
     p.add_argument("--episodes", default="", metavar="RUN_DIR",
                    help="instead of evaluating: draw RUN_DIR/episodes.png (tokens coloured by their process reward)")
     args = p.parse_args(argv)
@@ -528,6 +586,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> None:
     """Every flag's domain and every path, before any model or benchmark file is read."""
+    if args.compare is not None:
+        for path in args.compare:
+            if not Path(path).is_file():
+                raise SystemExit(f"--compare {path}: no such file (an eval.py results JSON)")
+        return
     if args.episodes:
         if not (Path(args.episodes) / "episodes.jsonl").exists():
             raise SystemExit(f"--episodes {args.episodes}: no episodes.jsonl there (a train.py run folder?)")
@@ -568,6 +631,11 @@ def check_args(args: argparse.Namespace) -> None:
 
 def main(argv=None) -> dict | Path:
     args = parse_args(argv)
+    if args.compare is not None:
+        a, b = (json.loads(Path(path).read_text()) for path in args.compare)
+        stats = compare_evaluations(a, b)
+        print(format_comparison(stats, *args.compare))
+        return stats
     if args.episodes:
         out = plot_episodes(args.episodes)
         print(f"wrote {out}" if out else f"{args.episodes}: no episodes to draw")

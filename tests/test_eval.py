@@ -279,6 +279,56 @@ def test_toy_benchmark_sampled_pass_at_k(sft, tmp_path, capsys):
     assert official["settings"]["math_grader"] == "official"
     for p, q in zip(toy["per_problem"], official["benchmarks"]["toy"]["per_problem"]):
         assert p["correct"] == q["correct"] or (p["correct"] > q["correct"] and None in p["answers"])
+    # the per-problem counts --compare pairs add up to the benchmark's own rates
+    assert sum(p["boxed"] for p in toy["per_problem"]) / 48 == pytest.approx(toy["format"])
+    assert sum(p["truncated"] for p in toy["per_problem"]) / 48 == pytest.approx(toy["truncated"])
+    assert np.mean([p["length"] for p in toy["per_problem"]]) == pytest.approx(toy["response_length"])
+    # the two graders on the same samples: the same boxes, cut-offs and lengths; math-verify never fewer right
+    stats, stdout = run_eval(capsys, "--compare", tmp_path / "a.json", tmp_path / "c.json")
+    toy_stats = stats["toy"]
+    for metric in ("boxed", "truncated", "length"):
+        assert toy_stats[metric]["difference"] == 0 and toy_stats[metric]["agree"]
+    diffs = [p["correct"] / 4 - q["correct"] / 4
+             for p, q in zip(toy["per_problem"], official["benchmarks"]["toy"]["per_problem"])]
+    assert toy_stats["pass@1"]["difference"] == pytest.approx(np.mean(diffs)) and min(diffs) >= 0
+    assert "pass@1" in stdout and "(12 problems)" in stdout
+
+
+def _report(n: int, problems: list[tuple]) -> dict:
+    """An eval.py report of one benchmark: (index, correct, boxed, truncated, length) per problem."""
+    return {"benchmarks": {"gsm8k": {"n": n, "per_problem": [
+        dict(index=i, correct=c, boxed=b, truncated=t, length=length) for i, c, b, t, length in problems]}}}
+
+
+def test_compare_pairs_problems_by_index_with_hand_computed_standard_errors():
+    # A: problems 0, 1, 2, 9 at n = 4; B: problems 2, 1, 0 (another order) at n = 2, plus 7 that A lacks
+    a = _report(4, [(0, 4, 4, 0, 10.0), (1, 2, 3, 1, 20.0), (2, 0, 1, 0, 30.0), (9, 1, 1, 1, 5.0)])
+    b = _report(2, [(2, 0, 1, 1, 24.0), (1, 1, 2, 1, 20.0), (0, 1, 2, 0, 10.0), (7, 2, 2, 0, 1.0)])
+    stats = eval.compare_evaluations(a, b)["gsm8k"]
+    # pass@1 per shared problem 0, 1, 2: A 1, 1/2, 0; B 1/2, 1/2, 0 -> d = 1/2, 0, 0
+    # mean 1/6; deviations 1/3, -1/6, -1/6: sum of squares 1/6, / 2 -> variance 1/12, SE sqrt(1/12 / 3) = 1/6
+    p1 = stats["pass@1"]
+    assert p1["problems"] == 3 and p1["a"] == pytest.approx(0.5) and p1["b"] == pytest.approx(1 / 3)
+    assert p1["difference"] == pytest.approx(1 / 6) and p1["se"] == pytest.approx(1 / 6)
+    assert p1["ci95"] == pytest.approx([1 / 6 - 1.96 / 6, 1 / 6 + 1.96 / 6]) and p1["agree"]
+    # boxed: A 1, 3/4, 1/4; B 1, 1, 1/2 -> d = 0, -1/4, -1/4: mean -1/6, SE sqrt((1/36 + 2/144) / 2 / 3) = 1/12
+    assert stats["boxed"]["difference"] == pytest.approx(-1 / 6) and stats["boxed"]["se"] == pytest.approx(1 / 12)
+    assert not stats["boxed"]["agree"]  # |-1/6| > 1.96 / 12
+    # lengths are compared in tokens, not over n: d = 0, 0, 6 -> mean 2, SE sqrt(24 / 2 / 3) = 2
+    assert stats["length"]["difference"] == pytest.approx(2.0) and stats["length"]["se"] == pytest.approx(2.0)
+    # a report from before a metric was recorded: that metric is left out, the others stay
+    for p in a["benchmarks"]["gsm8k"]["per_problem"]:
+        del p["boxed"]
+    assert set(eval.compare_evaluations(a, b)["gsm8k"]) == {"pass@1", "truncated", "length"}
+    one = _report(2, [(5, 1, 1, 0, 3.0)])
+    with pytest.raises(SystemExit, match="gsm8k has 0 problems in both files"):
+        eval.compare_evaluations(a, one)
+
+
+def test_compare_names_a_missing_file(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        eval.parse_args(["--compare", str(tmp_path / "hf.json"), str(tmp_path / "vllm.json")])
+    assert e.value.code == 2 and f"--compare {tmp_path / 'hf.json'}: no such file" in capsys.readouterr().err
 
 
 def test_math500_slice_end_to_end(sft, tmp_path, capsys):
