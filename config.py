@@ -188,6 +188,8 @@ class Args:
     """parent folder of runs"""
     save_every: int = 20
     """checkpoint every N iterations (and at the end)"""
+    keep_checkpoints: bool = False
+    """keep every checkpoint-<step>/ (to evaluate a run's intermediate policies later), not only the newest"""
     resume: bool = False
     """continue runs/<run_name> from its last checkpoint"""
     eval_problems: int = 200

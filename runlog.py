@@ -225,7 +225,7 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: Path, step: int, models, d: Dist) -> None:
+def save_checkpoint(run_dir: Path, step: int, models, d: Dist, keep: bool = False) -> None:
     """runs/<name>/checkpoint/: models, optimisers, step, and one RNG file per rank (models.Models).
 
     A complete checkpoint is on disk at every moment, so a node that dies mid-save can always resume:
@@ -236,7 +236,10 @@ def save_checkpoint(run_dir: Path, step: int, models, d: Dist) -> None:
       3. then it removes the old folder.
     A kill before 2 leaves the old link and the old folder whole (the half-written new folder is
     removed by the next save); a kill after 2 leaves the new one whole and, at worst, an old folder
-    that the next save removes. --resume reads whatever `checkpoint` points at."""
+    that the next save removes. --resume reads whatever `checkpoint` points at. With `keep`
+    (--keep-checkpoints) step 3 is skipped: every checkpoint-<step>/ stays, to be evaluated later
+    (load_checkpoint's `name`); a half-written one is the step the resumed run saves next, so its
+    own save replaces it (the rmtree above)."""
     link = run_dir / "checkpoint"
     current = os.readlink(link) if link.is_symlink() else None
     name = f"checkpoint-{step}" if current != f"checkpoint-{step}" else f"checkpoint-{step}-again"
@@ -257,7 +260,7 @@ def save_checkpoint(run_dir: Path, step: int, models, d: Dist) -> None:
     barrier(d)
     if d.master:
         point_checkpoint_at(run_dir, name)
-        for old in run_dir.glob("checkpoint-*"):  # the previous checkpoint, and any a kill left half-written
+        for old in [] if keep else run_dir.glob("checkpoint-*"):  # the previous checkpoint, and any a kill left half-written
             if old.name != name:
                 shutil.rmtree(old, ignore_errors=True)
     barrier(d)
@@ -273,13 +276,14 @@ def point_checkpoint_at(run_dir: Path, name: str) -> None:
     os.replace(tmp, link)
 
 
-def load_checkpoint(run_dir: Path, models, d: Dist) -> int:
+def load_checkpoint(run_dir: Path, models, d: Dist, name: str = "checkpoint") -> int:
     """Restore what save_checkpoint wrote into `models` and this rank's RNG streams; the step to resume at.
+    `name`: the newest checkpoint (what --resume reads), or a kept one, e.g. "checkpoint-20".
 
     The file is mapped from disk into CPU memory (mmap), never loaded whole onto a GPU: each tensor
     goes to its model's device as load_state_dict copies it. Call it before a vLLM engine takes its
     share of the GPU."""
-    path = run_dir / "checkpoint"
+    path = run_dir / name
     if not (path / "state.pt").exists():
         raise SystemExit(f"--resume: no checkpoint in {path}")
     state = torch.load(path / "state.pt", map_location="cpu", mmap=True, weights_only=False)

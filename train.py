@@ -559,7 +559,7 @@ def main(argv=None):
             bar.set_postfix(reward=f"{metrics['reward']:.3f}", prm_acc=runlog.fmt(metrics["prm_accuracy"]),
                             kept=f"{metrics['kept_groups']}/{metrics['prompts']}")
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
-            runlog.save_checkpoint(run_dir, step + 1, models, d)
+            runlog.save_checkpoint(run_dir, step + 1, models, d, keep=args.keep_checkpoints)
         if step == start_step and d.device.type == "cuda":  # the up-front estimate against the first step
             print0(d, memory_line(unwrap(models.policy), args, torch.cuda.max_memory_allocated(d.device) / 1e9))
         for k in phase_totals:

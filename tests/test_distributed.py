@@ -175,6 +175,25 @@ def test_a_kill_at_each_point_of_a_save_leaves_a_complete_checkpoint(tmp_path, m
     assert sorted(p.name for p in (run_dir / "checkpoint").iterdir()) == ["rng_rank0.pt", "state.pt"]
 
 
+def test_keep_checkpoints_leaves_every_step_loadable_and_resume_reads_the_newest(tmp_path):
+    run_dir, d = tmp_path / "run", ddp.Dist()
+    run_dir.mkdir()
+    saved = {step: tiny_models(step) for step in (10, 20, 30)}
+    for step, models in saved.items():
+        runlog.save_checkpoint(run_dir, step, models, d, keep=True)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint", "checkpoint-10", "checkpoint-20",
+                                                         "checkpoint-30"]
+    assert runlog.load_checkpoint(run_dir, tiny_models(99), d) == 30  # --resume: the newest
+    for step, source in saved.items():
+        loaded = tiny_models(99)
+        assert runlog.load_checkpoint(run_dir, loaded, d, name=f"checkpoint-{step}") == step
+        for a, b in ((loaded.policy, source.policy), (loaded.prm, source.prm)):
+            for x, y in zip(a.state_dict().values(), b.state_dict().values()):
+                assert torch.equal(x, y)
+    runlog.save_checkpoint(run_dir, 40, tiny_models(40), d)  # without keep: the older ones go
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint", "checkpoint-40"]
+
+
 def test_resume_reads_a_run_folder_written_before_checkpoints_were_links(tmp_path):
     """A run folder whose checkpoint/ is a plain folder (an earlier version): resume reads it, and the
     next save replaces it with a link, keeping a complete checkpoint on disk throughout."""
