@@ -667,6 +667,134 @@ def paired_from_json(recorded: dict) -> str:
     return "\n".join(lines)
 
 
+# Issue 45's discriminating experiment. PRIME, local costs accuracy in `sparser` (section 4's answer 3).
+# Steerable errors or crowding-out? Freeze PRIME, local's PRM at step 20 and, with it, score the lines
+# that PRIME, local's and outcome-only's policies write at steps 0-40 of the same seeds, on the same
+# held-out prompts. If the policy steers into the PRM's errors, PRIME, local's policy raises the frozen
+# PRM's reward on the lines the checker marks slipped faster than outcome-only's does; if the cost is
+# crowding-out, the two policies' slipped lines score alike.
+SLIP_ARMS = ("outcome-nf", "implicit-nf-mixed-e1")  # outcome-only, no filter; PRIME, local
+SLIP_STEPS = (0, 10, 20, 30, 40)  # 0: the SFT start, shared by both arms; the others: kept checkpoints
+SLIP_PRM_STEP = 20
+
+
+def slip_run_name(arm: str) -> str:
+    return f"slip-sparser-{arm}"
+
+
+def slip_run_flags(arm: str) -> list[str]:
+    """The study's flags for the arm in `sparser`, run to step 40 keeping a checkpoint every 10 steps."""
+    return [*SETTINGS["sparser"], *CREDIT_ARMS[arm]["flags"], "--save-every", str(SLIP_STEPS[1]), "--keep-checkpoints",
+            "--eval-every", "0"]
+
+
+def operation_count(prompt: str) -> int:
+    """The operations of a toy problem ("(7+5)*3" has 2): its response's first lines, one per operation."""
+    return len(toy_task.OPERATION.findall(prompt))
+
+
+def line_rewards(reward: torch.Tensor, step_ids: torch.Tensor, step_scores: torch.Tensor,
+                 n_ops: list[int]) -> tuple[list[float], list[float]]:
+    """(rewards of the lines the exact checker marks right, of those it marks slipped): the per-token
+    reward (B, R) summed over each operation line (step_ids (B, R), the line of each token, -1 on
+    padding; step_scores (B, S), the checker's 1 / 0 per line). Only a response's first n_ops[i]
+    lines count, the operations; its box line and anything after it are left out."""
+    right, slipped = [], []
+    for i in range(reward.shape[0]):
+        for k in range(min(n_ops[i], step_scores.shape[1])):
+            tokens = step_ids[i] == k
+            if tokens.any():
+                (right if step_scores[i, k] == 1 else slipped).append(float(reward[i][tokens].sum()))
+    return right, slipped
+
+
+def slip_scores(seed: int, out: str, problems: int, samples: int, cache_dir: str) -> dict:
+    """{arm: {step: statistics}} for one seed: PRIME, local's PRM of checkpoint-20 frozen, each arm's
+    policy at each of SLIP_STEPS samples `samples` responses to the first `problems` held-out
+    prompts (the same random numbers for every policy), and every operation line gets the PRM's raw
+    reward beta log(pi_phi / pi_ref) summed over its tokens (Eq. 3 before any normaliser). Statistics:
+    mean reward of the right and of the slipped lines and their counts, slips per response, the
+    sampled accuracy."""
+    d = ddp.Dist()
+    base = train_config([*slip_run_flags("implicit-nf-mixed-e1"), "--cache-dir", cache_dir, "--seed", str(seed),
+                         "--eval-problems", str(problems), "--n-samples", str(samples)])
+    models = run_models.build_models(base, d)
+    load = lambda arm, step: torch.load(Path(out) / f"{slip_run_name(arm)}-s{seed}" / f"checkpoint-{step}" /  # noqa: E731
+                                        "state.pt", map_location="cpu", mmap=True, weights_only=False)
+    models.prm.load_state_dict(load("implicit-nf-mixed-e1", SLIP_PRM_STEP)["prm"])
+    start = {k: v.clone() for k, v in models.policy.state_dict().items()}
+    tokenizer = models.tokenizer
+    _, tasks = train.load_tasks(base, tokenizer)
+    sampler = HFRollout(models.policy, tokenizer, base.max_response_len, base.temperature, base.top_p)
+    results = {}
+    for arm in SLIP_ARMS:
+        results[arm] = {}
+        for step in SLIP_STEPS:
+            if step == 0 and arm != SLIP_ARMS[0]:  # the same start, the same samples
+                results[arm][0] = results[SLIP_ARMS[0]][0]
+                continue
+            models.policy.load_state_dict(start if step == 0 else load(arm, step)["policy"])
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                ro = sampler.generate([t.prompt_ids for t in tasks], n=samples)
+            texts, _, outcome = train.verify_rollouts(sampler, ro, tasks, base)
+            prompts = [t.text for t in tasks for _ in range(samples)]
+            scores, step_ids = step_prm.step_scores_and_ids(step_prm.ToyStepChecker(), tokenizer, prompts, texts,
+                                                            ro.response_ids, ro.response_mask)
+            reward = base.beta * (microbatch.logprobs_no_grad(models.prm, ro, base)
+                                  - microbatch.logprobs_no_grad(models.reference, ro, base)) * ro.response_mask
+            right, slipped = line_rewards(reward, step_ids, scores, [operation_count(p) for p in prompts])
+            results[arm][step] = {"right_reward": float(np.mean(right)) if right else math.nan,
+                                  "slip_reward": float(np.mean(slipped)) if slipped else math.nan,
+                                  "right_lines": len(right), "slipped_lines": len(slipped),
+                                  "slips_per_response": len(slipped) / len(prompts),
+                                  "accuracy": float(outcome.mean())}
+            r = results[arm][step]
+            print(f"  seed {seed} {arm} step {step}: right lines {r['right_reward']:+.3f} ({len(right)}), slipped "
+                  f"{r['slip_reward']:+.3f} ({len(slipped)}), accuracy {r['accuracy']:.3f}", flush=True)
+    return results
+
+
+def slip_report(scores: dict) -> str:
+    """The paired table from slip.json ({seed: {arm: {step: statistics}}}): at each step, PRIME, local's
+    policy minus outcome-only's, paired by seed, in the frozen PRM's mean reward of slipped lines, of
+    right lines, and of slipped minus right (the PRM's preference for the slips each policy writes)."""
+    prime, outcome = SLIP_ARMS[1], SLIP_ARMS[0]
+    lines = ["| step | slipped lines: PRIME, local / outcome-only | PRIME, local - outcome-only: slipped | right "
+             "| slipped - right | slips per response |", "| --- | --- | --- | --- | --- | --- |"]
+    for step in SLIP_STEPS[1:]:
+        at = lambda arm, key: {int(s): v[arm][str(step)][key] for s, v in scores.items()}  # noqa: E731
+        gap = lambda arm: {s: at(arm, "slip_reward")[s] - at(arm, "right_reward")[s] for s in at(arm, "slip_reward")}  # noqa: E731
+        slip = paired(at(prime, "slip_reward"), at(outcome, "slip_reward"))
+        lines.append(f"| {step} | {np.mean(list(at(prime, 'slip_reward').values())):+.3f} / "
+                     f"{np.mean(list(at(outcome, 'slip_reward').values())):+.3f} | {paired_text(slip)} | "
+                     f"{paired_text(paired(at(prime, 'right_reward'), at(outcome, 'right_reward')))} | "
+                     f"{paired_text(paired(gap(prime), gap(outcome)))} | "
+                     f"{np.mean(list(at(prime, 'slips_per_response').values())):.2f} / "
+                     f"{np.mean(list(at(outcome, 'slips_per_response').values())):.2f} |")
+    return "\n".join(lines)
+
+
+def slip_main(args) -> None:
+    """`python credit_study.py --slip-rewards`: the two arms' runs to step 40 (if not there), then
+    every seed's scores into --figures/slip.json and the paired table."""
+    args.steps = SLIP_STEPS[-1]
+    if not args.report_only:
+        jobs = [(slip_run_name(arm), seed, slip_run_flags(arm)) for seed in args.seeds for arm in SLIP_ARMS]
+        build_sft(train_config([*args.train_args, *slip_run_flags(SLIP_ARMS[0])]), args.cache_dir)
+        run_all(jobs, args, "2 arms to step 40")
+    path = Path(args.figures) / "slip.json"
+    scores = json.loads(path.read_text()) if path.exists() else {}
+    for seed in args.seeds:
+        if str(seed) not in scores:
+            scores[str(seed)] = json.loads(json.dumps(slip_scores(seed, args.out, args.slip_problems,
+                                                                  args.slip_samples, args.cache_dir)))
+            runlog.write_json(path, scores, indent=1)  # after each seed: an interrupted scoring keeps the rest
+    print(f"\nPRIME, local's PRM of step {SLIP_PRM_STEP} frozen; {args.slip_problems} held-out prompts x "
+          f"{args.slip_samples} samples per policy ({path})\n")
+    print(slip_report(scores))
+
+
 def main(argv=None):
     parser = same_parser(__doc__)
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS),
@@ -681,8 +809,15 @@ def main(argv=None):
     parser.add_argument("--gradient-batches", type=int, default=40, help="--gradients: batches per checkpoint")
     parser.add_argument("--paired-from-json", action="store_true",
                         help="print every recorded arm's paired difference from its baseline (--figures/credit.json)")
+    parser.add_argument("--slip-rewards", action="store_true",
+                        help="issue 45's discriminating experiment: PRIME, local's step-20 PRM frozen scores the lines "
+                             "that PRIME, local's and outcome-only's policies write at steps 0-40 (sparser)")
+    parser.add_argument("--slip-problems", type=int, default=100, help="--slip-rewards: held-out prompts")
+    parser.add_argument("--slip-samples", type=int, default=4, help="--slip-rewards: samples per prompt")
     args = parse_study_args(parser, argv)
-    if args.paired_from_json:
+    if args.slip_rewards:
+        slip_main(args)
+    elif args.paired_from_json:
         print(paired_from_json(json.loads((Path(args.figures) / "credit.json").read_text())))
     elif args.gradients is not None:
         gradients_main(args)

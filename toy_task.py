@@ -126,6 +126,7 @@ def parse_ops(text: str) -> tuple[int, int]:
 
 
 STEP = re.compile(r"(\d+)([+*-])(\d+)=(-?\d+)")
+OPERATION = re.compile(r"([+*-])(\d+)")  # a problem's operations: "(7+5)*3" -> ("+", "5"), ("*", "3")
 BOXED = re.compile(r"\\boxed\{(-?\d+)\}")
 
 
@@ -142,7 +143,7 @@ def check_steps(prompt: str, steps: list[str]) -> list[float]:
     Example: prompt "(7+5)*3\n", steps ["7+5=12", "12*3=35", "\\boxed{35}"] -> [1.0, 0.0, 1.0].
     """
     first = int(re.match(r"[(]*(\d+)", prompt).group(1))
-    ops = re.findall(r"([+*-])(\d+)", prompt)
+    ops = OPERATION.findall(prompt)
     scores, prev = [], first
     for k, line in enumerate(steps):
         line = line.strip()

@@ -338,3 +338,41 @@ def test_plot_gradients_draws_every_recorded_checkpoint_from_the_json(tmp_path):
     recorded = {"SFT start": checkpoint(1.0), "run-s1 step 70": checkpoint(0.8), "run-s1 step 20": checkpoint(0.7)}
     path = credit_study.plot_gradients(recorded, tmp_path)
     assert path == tmp_path / "gradients.png" and path.stat().st_size > 0
+
+
+def test_line_rewards_split_by_the_checkers_marks_by_hand():
+    import torch
+    reward = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0, 0.0], [0.5, 0.5, 1.0, 1.0, 0.0, 0.0], [9.0] * 6])
+    step_ids = torch.tensor([[0, 0, 1, 1, 2, -1], [0, 1, 1, 2, -1, -1], [-1] * 6])  # row 3: an empty response
+    scores = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    # row 1: two operations, its line 2 (the box, 5.0) left out; row 2: three operations, every line counts
+    right, slipped = credit_study.line_rewards(reward, step_ids, scores, [2, 3, 7])
+    assert right == [3.0, 1.5] and slipped == [7.0, 0.5, 1.0]
+    assert credit_study.operation_count("(7+5)*3\n") == 2 and credit_study.operation_count("((2-1)*3)+10\n") == 3
+
+
+def test_slip_rewards_end_to_end_on_the_default_task(cache_dir, tmp_path, monkeypatch, capsys):
+    """The discriminating experiment's whole path at toy size: both arms run with kept checkpoints,
+    the PRM of one step frozen, every policy's lines scored, slip.json and the paired table. The
+    default task's shipped start stands in for `sparser`'s (a 30-minute build) and steps 1, 2 for 10-40."""
+    monkeypatch.setitem(credit_study.SETTINGS, "sparser", [])
+    monkeypatch.setattr(credit_study, "SLIP_STEPS", (0, 1, 2))
+    monkeypatch.setattr(credit_study, "SLIP_PRM_STEP", 1)
+    runs, fig = tmp_path / "runs", tmp_path / "fig"
+    credit_study.main(["--slip-rewards", "--seeds", "1", "2", "--jobs", "2", "--out", str(runs), "--cache-dir",
+                       str(cache_dir), "--figures", str(fig), "--sft-steps", str(SFT_STEPS), "--prompts-per-step", "8",
+                       "--eval-problems", "8", "--slip-problems", "6", "--slip-samples", "2"])
+    stdout = capsys.readouterr().out
+    prime_run = runs / "slip-sparser-implicit-nf-mixed-e1-s1"
+    assert {p.name for p in prime_run.glob("checkpoint-*")} == {"checkpoint-1", "checkpoint-2"}  # both kept
+    scores = json.loads((fig / "slip.json").read_text())
+    assert set(scores) == {"1", "2"}
+    for seed in scores.values():
+        outcome, prime = seed["outcome-nf"], seed["implicit-nf-mixed-e1"]
+        assert set(outcome) == set(prime) == {"0", "1", "2"}
+        assert outcome["0"] == prime["0"]  # the shared start: the same samples
+        for r in (*outcome.values(), *prime.values()):
+            assert r["right_lines"] + r["slipped_lines"] > 0 and 0 <= r["accuracy"] <= 1
+            assert r["slips_per_response"] == r["slipped_lines"] / 12
+    rows = [line for line in stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert len(rows) == 2 and all("/2 up" in row for row in rows)
