@@ -96,6 +96,8 @@ class Args:
     """update the implicit PRM during RL; --no-prm-online with --prm-warmup-steps N is the offline PRM of Fig. 5"""
     prm_warmup_steps: int = 0
     """before RL, train the implicit PRM on this many batches of the starting policy's rollouts"""
+    prm_freeze_step: int = 0
+    """freeze the implicit PRM from this RL step on (it learns online before it); 0 = never"""
     prm_groups: str = "kept"
     """which groups the implicit PRM learns from: 'kept' (every group the filter keeps, as the paper) or 'mixed' (only groups with both right and wrong responses, whose labels contrast); its rewards reach every kept group either way (see --process-groups)"""
     process_groups: str = "all"
@@ -289,7 +291,7 @@ UNIT = (lambda v: 0 <= v <= 1, "in [0, 1]")
 DOMAINS = dict(
     steps=AT_LEAST_1, prompts_per_step=AT_LEAST_1, n_samples=AT_LEAST_1, max_prompt_len=AT_LEAST_1,
     max_response_len=AT_LEAST_1, temperature=POSITIVE, top_p=(lambda v: 0 < v <= 1, "in (0, 1]"),
-    prm_warmup_steps=AT_LEAST_0, teacher_sft_steps=AT_LEAST_1, gopd_lambda=POSITIVE, beta=POSITIVE,
+    prm_warmup_steps=AT_LEAST_0, prm_freeze_step=AT_LEAST_0, teacher_sft_steps=AT_LEAST_1, gopd_lambda=POSITIVE, beta=POSITIVE,
     filter_low=UNIT, filter_high=UNIT, clip_eps=(lambda v: 0 < v < 1, "in (0, 1)"),
     dual_clip=(lambda v: v == 0 or v > 1, "0 (off) or > 1 (veRL: 3)"), process_gamma=UNIT, outcome_gamma=UNIT,
     policy_lr=POSITIVE,
@@ -353,8 +355,9 @@ def check_args(args: Args) -> None:
     if args.critic_warmup_steps >= args.steps:
         bad(f"--critic-warmup-steps {args.critic_warmup_steps}: must be below --steps {args.steps} (the policy "
             "would never train)")
-    if (args.prm_warmup_steps or not args.prm_online) and args.process != "implicit":
-        bad("--prm-warmup-steps / --no-prm-online are about the implicit PRM: they need --process implicit")
+    if (args.prm_warmup_steps or not args.prm_online or args.prm_freeze_step) and args.process != "implicit":
+        bad("--prm-warmup-steps / --no-prm-online / --prm-freeze-step are about the implicit PRM: they need "
+            "--process implicit")
     if args.prm_loss == "dpo" and not args.max_tokens_per_micro_batch and args.micro_batch_size % args.n_samples:
         bad(f"--prm-loss dpo compares responses within a group: --micro-batch-size {args.micro_batch_size} "
             f"must be a multiple of --n-samples {args.n_samples}")

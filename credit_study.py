@@ -178,6 +178,10 @@ CREDIT_ARMS = {
     # beta log(pi_teacher / pi_SFT) throughout, what the clean demonstrator alone tells
     "implicit-nf-e1-teacher-frozen": dict(flags=[*NO_FILTER, *E1, "--prm-init", "teacher", "--no-prm-online"],
                                           baseline="outcome-nf", checker="step-nf-e1"),
+    # Issue 45's causal test: PRIME, local's PRM learns for 20 steps, then holds still. Up to step 20 the
+    # run IS PRIME, local's (same seed, same flags), so its frozen PRM is the one --slip-rewards scores with.
+    "implicit-nf-mixed-e1-freeze20": dict(flags=[*MIXED, *E1, "--prm-freeze-step", "20"], baseline="outcome-nf",
+                                          checker="step-nf-e1"),
     # E7: the PRM starts from the clean demonstrator (a prover other than the policy); reference: the SFT
     "implicit-teacher": dict(flags=["--prm-init", "teacher"], baseline="outcome", checker="step"),
     "outcome-nf-lr1e-4": dict(flags=["--process", "none", *NO_FILTER, "--policy-lr", "1e-4"],
@@ -246,6 +250,7 @@ CREDIT_LABELS = {
     "implicit-nf-mixed-e1-teacher-lr1e-4": "teacher-started PRM, local, lr 1e-4",
     "implicit-nf-mixed-e1-teacher": "teacher-started PRM, local",
     "implicit-nf-e1-teacher-frozen": "frozen teacher PRM, local",
+    "implicit-nf-mixed-e1-freeze20": "PRIME, local, PRM frozen at step 20",
 }
 # What `python credit_study.py` runs in each setting (5 seeds each); the rest of CREDIT_ARMS are
 # there to be run with --arms. The dense settings get the three process sources with PRIME's filter;
@@ -672,10 +677,13 @@ def paired_from_json(recorded: dict) -> str:
 # that PRIME, local's and outcome-only's policies write at steps 0-40 of the same seeds, on the same
 # held-out prompts. If the policy steers into the PRM's errors, PRIME, local's policy raises the frozen
 # PRM's reward on the lines the checker marks slipped faster than outcome-only's does; if the cost is
-# crowding-out, the two policies' slipped lines score alike.
-SLIP_ARMS = ("outcome-nf", "implicit-nf-mixed-e1")  # outcome-only, no filter; PRIME, local
-SLIP_STEPS = (0, 10, 20, 30, 40)  # 0: the SFT start, shared by both arms; the others: kept checkpoints
+# crowding-out, the two policies' slipped lines score alike. The causal test's arm trains against that
+# very PRM from step 20 on (it is frozen there): if its errors can be climbed, this arm climbs them most.
+SLIP_ARMS = ("outcome-nf", "implicit-nf-mixed-e1", "implicit-nf-mixed-e1-freeze20")
+SLIP_STEPS = (0, 10, 20, 30, 40)  # 0: the SFT start, shared by every arm; the others: kept checkpoints
 SLIP_PRM_STEP = 20
+SLIP_PAIRS = (("implicit-nf-mixed-e1", "outcome-nf"), ("implicit-nf-mixed-e1-freeze20", "outcome-nf"),
+              ("implicit-nf-mixed-e1-freeze20", "implicit-nf-mixed-e1"))
 
 
 def slip_run_name(arm: str) -> str:
@@ -708,13 +716,15 @@ def line_rewards(reward: torch.Tensor, step_ids: torch.Tensor, step_scores: torc
     return right, slipped
 
 
-def slip_scores(seed: int, out: str, problems: int, samples: int, cache_dir: str) -> dict:
-    """{arm: {step: statistics}} for one seed: PRIME, local's PRM of checkpoint-20 frozen, each arm's
-    policy at each of SLIP_STEPS samples `samples` responses to the first `problems` held-out
-    prompts (the same random numbers for every policy), and every operation line gets the PRM's raw
-    reward beta log(pi_phi / pi_ref) summed over its tokens (Eq. 3 before any normaliser). Statistics:
-    mean reward of the right and of the slipped lines and their counts, slips per response, the
-    sampled accuracy."""
+def slip_scores(seed: int, arms: list[str], out: str, problems: int, samples: int, cache_dir: str,
+                at_start: dict | None = None) -> dict:
+    """{arm: {step: statistics}} for one seed and these arms: PRIME, local's PRM of checkpoint-20
+    frozen, each arm's policy at each of SLIP_STEPS samples `samples` responses to the first
+    `problems` held-out prompts (the same random numbers for every policy: step 0, the shared start,
+    gives every arm the same samples: `at_start`, if already scored), and every operation line gets the PRM's raw reward
+    beta log(pi_phi / pi_ref) summed over its tokens (Eq. 3 before any normaliser). Statistics: mean
+    reward of the right and of the slipped lines and their counts, slips per response, the sampled
+    accuracy."""
     d = ddp.Dist()
     base = train_config([*slip_run_flags("implicit-nf-mixed-e1"), "--cache-dir", cache_dir, "--seed", str(seed),
                          "--eval-problems", str(problems), "--n-samples", str(samples)])
@@ -727,11 +737,11 @@ def slip_scores(seed: int, out: str, problems: int, samples: int, cache_dir: str
     _, tasks = train.load_tasks(base, tokenizer)
     sampler = HFRollout(models.policy, tokenizer, base.max_response_len, base.temperature, base.top_p)
     results = {}
-    for arm in SLIP_ARMS:
+    for arm in arms:
         results[arm] = {}
         for step in SLIP_STEPS:
-            if step == 0 and arm != SLIP_ARMS[0]:  # the same start, the same samples
-                results[arm][0] = results[SLIP_ARMS[0]][0]
+            if step == 0 and at_start is not None:
+                results[arm][0] = at_start
                 continue
             models.policy.load_state_dict(start if step == 0 else load(arm, step)["policy"])
             torch.manual_seed(seed)
@@ -744,51 +754,60 @@ def slip_scores(seed: int, out: str, problems: int, samples: int, cache_dir: str
             reward = base.beta * (microbatch.logprobs_no_grad(models.prm, ro, base)
                                   - microbatch.logprobs_no_grad(models.reference, ro, base)) * ro.response_mask
             right, slipped = line_rewards(reward, step_ids, scores, [operation_count(p) for p in prompts])
-            results[arm][step] = {"right_reward": float(np.mean(right)) if right else math.nan,
-                                  "slip_reward": float(np.mean(slipped)) if slipped else math.nan,
-                                  "right_lines": len(right), "slipped_lines": len(slipped),
-                                  "slips_per_response": len(slipped) / len(prompts),
-                                  "accuracy": float(outcome.mean())}
-            r = results[arm][step]
+            r = results[arm][step] = {"right_reward": float(np.mean(right)) if right else math.nan,
+                                      "slip_reward": float(np.mean(slipped)) if slipped else math.nan,
+                                      "right_lines": len(right), "slipped_lines": len(slipped),
+                                      "slips_per_response": len(slipped) / len(prompts),
+                                      "accuracy": float(outcome.mean())}
+            at_start = r if step == 0 else at_start
             print(f"  seed {seed} {arm} step {step}: right lines {r['right_reward']:+.3f} ({len(right)}), slipped "
                   f"{r['slip_reward']:+.3f} ({len(slipped)}), accuracy {r['accuracy']:.3f}", flush=True)
     return results
 
 
 def slip_report(scores: dict) -> str:
-    """The paired table from slip.json ({seed: {arm: {step: statistics}}}): at each step, PRIME, local's
-    policy minus outcome-only's, paired by seed, in the frozen PRM's mean reward of slipped lines, of
-    right lines, and of slipped minus right (the PRM's preference for the slips each policy writes)."""
-    prime, outcome = SLIP_ARMS[1], SLIP_ARMS[0]
-    lines = ["| step | slipped lines: PRIME, local / outcome-only | PRIME, local - outcome-only: slipped | right "
-             "| slipped - right | slips per response |", "| --- | --- | --- | --- | --- | --- |"]
+    """The paired table from slip.json ({seed: {arm: {step: statistics}}}): at each step after the
+    start, each pair of SLIP_PAIRS (arm - against, paired by seed) in the frozen PRM's mean reward of
+    slipped lines, of right lines, and of slipped minus right (how much more the PRM likes the slips
+    each policy writes than its right lines), and each arm's slips per response."""
+    def at(arm, step, key):
+        return {int(seed): v[arm][str(step)][key] for seed, v in scores.items() if arm in v}
+
+    def gap(arm, step):
+        slip, right = at(arm, step, "slip_reward"), at(arm, step, "right_reward")
+        return {seed: slip[seed] - right[seed] for seed in slip}
+
+    lines = ["| step | arm - against | slipped lines | right lines | slipped - right | slips per response, arm / "
+             "against |", "| --- | --- | --- | --- | --- | --- |"]
     for step in SLIP_STEPS[1:]:
-        at = lambda arm, key: {int(s): v[arm][str(step)][key] for s, v in scores.items()}  # noqa: E731
-        gap = lambda arm: {s: at(arm, "slip_reward")[s] - at(arm, "right_reward")[s] for s in at(arm, "slip_reward")}  # noqa: E731
-        slip = paired(at(prime, "slip_reward"), at(outcome, "slip_reward"))
-        lines.append(f"| {step} | {np.mean(list(at(prime, 'slip_reward').values())):+.3f} / "
-                     f"{np.mean(list(at(outcome, 'slip_reward').values())):+.3f} | {paired_text(slip)} | "
-                     f"{paired_text(paired(at(prime, 'right_reward'), at(outcome, 'right_reward')))} | "
-                     f"{paired_text(paired(gap(prime), gap(outcome)))} | "
-                     f"{np.mean(list(at(prime, 'slips_per_response').values())):.2f} / "
-                     f"{np.mean(list(at(outcome, 'slips_per_response').values())):.2f} |")
+        for arm, against in SLIP_PAIRS:
+            if not at(arm, step, "slip_reward") or not at(against, step, "slip_reward"):
+                continue
+            cells = [paired_text(paired(at(arm, step, k), at(against, step, k))) for k in ("slip_reward", "right_reward")]
+            per_response = [np.mean(list(at(a, step, "slips_per_response").values())) for a in (arm, against)]
+            lines.append(f"| {step} | {CREDIT_LABELS[arm]} - {CREDIT_LABELS[against]} | {cells[0]} | {cells[1]} | "
+                         f"{paired_text(paired(gap(arm, step), gap(against, step)))} | "
+                         f"{per_response[0]:.2f} / {per_response[1]:.2f} |")
     return "\n".join(lines)
 
 
 def slip_main(args) -> None:
-    """`python credit_study.py --slip-rewards`: the two arms' runs to step 40 (if not there), then
-    every seed's scores into --figures/slip.json and the paired table."""
+    """`python credit_study.py --slip-rewards`: the arms' runs to step 40 (those not there), then each
+    seed's scores of the arms slip.json lacks into --figures/slip.json, and the paired table."""
     args.steps = SLIP_STEPS[-1]
     if not args.report_only:
         jobs = [(slip_run_name(arm), seed, slip_run_flags(arm)) for seed in args.seeds for arm in SLIP_ARMS]
         build_sft(train_config([*args.train_args, *slip_run_flags(SLIP_ARMS[0])]), args.cache_dir)
-        run_all(jobs, args, "2 arms to step 40")
+        run_all(jobs, args, f"{len(SLIP_ARMS)} arms to step {args.steps}")
     path = Path(args.figures) / "slip.json"
     scores = json.loads(path.read_text()) if path.exists() else {}
     for seed in args.seeds:
-        if str(seed) not in scores:
-            scores[str(seed)] = json.loads(json.dumps(slip_scores(seed, args.out, args.slip_problems,
-                                                                  args.slip_samples, args.cache_dir)))
+        done = scores.get(str(seed), {})
+        missing = [arm for arm in SLIP_ARMS if arm not in done]
+        if missing and not args.report_only:
+            start = next(iter(done.values()))["0"] if done else None  # the shared start, scored before
+            new = slip_scores(seed, missing, args.out, args.slip_problems, args.slip_samples, args.cache_dir, start)
+            scores[str(seed)] = {**done, **json.loads(json.dumps(new))}  # steps as strings, as read back
             runlog.write_json(path, scores, indent=1)  # after each seed: an interrupted scoring keeps the rest
     print(f"\nPRIME, local's PRM of step {SLIP_PRM_STEP} frozen; {args.slip_problems} held-out prompts x "
           f"{args.slip_samples} samples per policy ({path})\n")

@@ -237,7 +237,8 @@ def process_signal(args: Args, models: Models, b: Batch, logp_old, logp_ref, d: 
     sum over tokens; for step scores it is their mean over steps (more steps should not score higher)."""
     step_ids, losses, mask = None, [], b.mask
     if args.process == "implicit":
-        signal, losses = implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d, update=args.prm_online)
+        online = args.prm_online and not (args.prm_freeze_step and step >= args.prm_freeze_step)
+        signal, losses = implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d, update=online)
     elif args.process in ("opd", "gopd"):
         logp_teacher = logprobs_no_grad(models.teacher, b.ro, args)
         if args.process == "opd":

@@ -52,6 +52,8 @@ TRAIN_BAD = [
     (["--n-samples", "1"], "--n-samples 1: --estimator rloo needs at least 2"),
     (["--estimator", "prm-value", "--process", "none"], "--estimator prm-value"),
     (["--process", "none", "--prm-warmup-steps", "2"], "--prm-warmup-steps"),
+    (["--process", "none", "--prm-freeze-step", "2"], "--prm-freeze-step"),
+    (["--prm-freeze-step", "-1"], "--prm-freeze-step -1"),
     (["--prm-loss", "dpo", "--micro-batch-size", "6"], "--micro-batch-size 6 must be a multiple of --n-samples 4"),
     (["--teacher", "README.md"], "--teacher is used only by --process opd/gopd"),
     (["--process", "opd", "--model", "README.md"], "needs --teacher PATH"),

@@ -352,27 +352,45 @@ def test_line_rewards_split_by_the_checkers_marks_by_hand():
 
 
 def test_slip_rewards_end_to_end_on_the_default_task(cache_dir, tmp_path, monkeypatch, capsys):
-    """The discriminating experiment's whole path at toy size: both arms run with kept checkpoints,
-    the PRM of one step frozen, every policy's lines scored, slip.json and the paired table. The
-    default task's shipped start stands in for `sparser`'s (a 30-minute build) and steps 1, 2 for 10-40."""
+    """The discriminating experiment's whole path at toy size: the arms run with kept checkpoints, the
+    PRM of one step frozen, every policy's lines scored, slip.json and the paired table; a second call
+    with an arm more runs and scores that arm only. The default task's shipped start stands in for
+    `sparser`'s (a 30-minute build), steps 1 and 2 for 10-40, a freeze at step 1 for the one at 20."""
     monkeypatch.setitem(credit_study.SETTINGS, "sparser", [])
     monkeypatch.setattr(credit_study, "SLIP_STEPS", (0, 1, 2))
     monkeypatch.setattr(credit_study, "SLIP_PRM_STEP", 1)
+    freeze = "implicit-nf-mixed-e1-freeze20"
+    flags = credit_study.CREDIT_ARMS[freeze]["flags"]
+    monkeypatch.setitem(credit_study.CREDIT_ARMS, freeze, {**credit_study.CREDIT_ARMS[freeze],
+                                                           "flags": [*flags[:-1], "1"]})  # --prm-freeze-step 1
+    monkeypatch.setattr(credit_study, "SLIP_ARMS", credit_study.SLIP_ARMS[:2])
     runs, fig = tmp_path / "runs", tmp_path / "fig"
-    credit_study.main(["--slip-rewards", "--seeds", "1", "2", "--jobs", "2", "--out", str(runs), "--cache-dir",
-                       str(cache_dir), "--figures", str(fig), "--sft-steps", str(SFT_STEPS), "--prompts-per-step", "8",
-                       "--eval-problems", "8", "--slip-problems", "6", "--slip-samples", "2"])
+    argv = ["--slip-rewards", "--seeds", "1", "2", "--jobs", "2", "--out", str(runs), "--cache-dir", str(cache_dir),
+            "--figures", str(fig), "--sft-steps", str(SFT_STEPS), "--prompts-per-step", "8", "--eval-problems", "8",
+            "--slip-problems", "6", "--slip-samples", "2"]
+    credit_study.main(argv)
+    first = json.loads((fig / "slip.json").read_text())
+    assert {p.name for p in (runs / "slip-sparser-implicit-nf-mixed-e1-s1").glob("checkpoint-*")} == \
+           {"checkpoint-1", "checkpoint-2"}  # both kept
+    monkeypatch.setattr(credit_study, "SLIP_ARMS", (*credit_study.SLIP_ARMS, freeze))
+    capsys.readouterr()
+    credit_study.main(argv)
     stdout = capsys.readouterr().out
-    prime_run = runs / "slip-sparser-implicit-nf-mixed-e1-s1"
-    assert {p.name for p in prime_run.glob("checkpoint-*")} == {"checkpoint-1", "checkpoint-2"}  # both kept
+    assert "seed 1 outcome-nf step" not in stdout  # scored by the first call: not again
     scores = json.loads((fig / "slip.json").read_text())
     assert set(scores) == {"1", "2"}
-    for seed in scores.values():
-        outcome, prime = seed["outcome-nf"], seed["implicit-nf-mixed-e1"]
-        assert set(outcome) == set(prime) == {"0", "1", "2"}
-        assert outcome["0"] == prime["0"]  # the shared start: the same samples
-        for r in (*outcome.values(), *prime.values()):
+    for seed, v in scores.items():
+        assert {a: v[a] for a in first[seed]} == first[seed]
+        outcome, prime, frozen = v["outcome-nf"], v["implicit-nf-mixed-e1"], v[freeze]
+        assert set(outcome) == set(prime) == set(frozen) == {"0", "1", "2"}
+        assert outcome["0"] == prime["0"] == frozen["0"]  # the shared start: the same samples
+        assert frozen["1"] == prime["1"]  # the same run up to the freeze
+        for r in (*outcome.values(), *prime.values(), *frozen.values()):
             assert r["right_lines"] + r["slipped_lines"] > 0 and 0 <= r["accuracy"] <= 1
             assert r["slips_per_response"] == r["slipped_lines"] / 12
+    import torch  # the frozen arm's PRM after the freeze is the PRM the lines were scored with
+    state = lambda run, step: torch.load(runs / run / f"checkpoint-{step}" / "state.pt", weights_only=False)["prm"]  # noqa: E731
+    scorer, held = state("slip-sparser-implicit-nf-mixed-e1-s1", 1), state(f"slip-sparser-{freeze}-s1", 2)
+    assert all(torch.equal(scorer[k], held[k]) for k in scorer)
     rows = [line for line in stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
-    assert len(rows) == 2 and all("/2 up" in row for row in rows)
+    assert len(rows) == 6 and all("/2 up" in row for row in rows)

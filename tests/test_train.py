@@ -514,6 +514,23 @@ def test_prm_init_starts_the_prm_from_the_teacher_and_keeps_the_sft_reference(ca
     assert same(m.prm, teacher) and same(m.reference, m.policy) and not same(m.prm, m.policy)
 
 
+def test_prm_freeze_step_stops_the_prm_and_keep_checkpoints_keeps_every_step(cache_dir, tmp_path):
+    """--prm-freeze-step 2: the PRM learns at steps 1 and 2 (0-based 0, 1) and not at step 3, while the
+    policy still does; --keep-checkpoints leaves checkpoint-1, -2 and -3 to compare."""
+    proc = run_train(["--steps", "3", "--run-name", "freeze", "--save-every", "1", "--keep-checkpoints",
+                      "--prm-freeze-step", "2", "--prompts-per-step", "8", "--eval-problems", "8", "--eval-every", "0"],
+                     cache_dir, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "freeze"
+    state = {k: torch.load(run / f"checkpoint-{k}" / "state.pt", weights_only=False) for k in (1, 2, 3)}
+
+    def same(a, b):
+        return all(torch.equal(a[k], b[k]) for k in a)
+    assert not same(state[1]["prm"], state[2]["prm"]) and same(state[2]["prm"], state[3]["prm"])
+    assert not same(state[2]["policy"], state[3]["policy"])
+    assert os.readlink(run / "checkpoint") == "checkpoint-3"
+
+
 def test_pairwise_accuracy_counts_the_mixed_groups_only():
     """An all-wrong group scores 0.5 in prime.prm_pairwise_accuracy whatever the scores; the logged
     accuracy leaves it out. K = 2: group 0 mixed and ranked right (1.0), group 1 all wrong."""
