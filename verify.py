@@ -169,6 +169,19 @@ _BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE = re.compile(r"[{}]")
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 _FBOX = re.compile(r"\\fbox\s*\{")
+# An answer is a value. math-verify reads "86 + 87" as the sum 173, so a response that restates the
+# question "What is 86 + 87?" would score as its answer, and a policy finds that: SmolLM2's two-digit
+# sums runs learned to answer "86 + 87" (issue 43, seed 2). Plain numbers joined by + - * x . or ^ are
+# an unevaluated expression, not an answer (unless the gold is one too); fractions stay values.
+_NUMBER = r"\(*[-+]?\d+(?:\.\d+)?\)*"
+_UNEVALUATED = re.compile(rf"{_NUMBER}(?:(?:\+|-|\*|\\times|\\cdot|×|\^){_NUMBER})+")
+_LAYOUT = re.compile(r"\s+|[{}$]|\\left|\\right|\\[,;!: ]")
+
+
+def unevaluated(answer: str) -> bool:
+    """Whether an extracted answer is arithmetic on plain numbers ("86 + 87", "16 \\times 3", "2^{10}")
+    rather than a value ("173", "-5", "\\frac{1}{2}", "1/2", "3+2\\sqrt{2}")."""
+    return bool(_UNEVALUATED.fullmatch(_LAYOUT.sub("", answer)))
 
 
 def _last_box(text: str) -> tuple[str | None, int, str]:
@@ -418,6 +431,8 @@ def _math_equal(answer: str, gold: str) -> bool:
     verify(gold, answer) (not symmetric)."""
     from math_verify import verify  # only workers import sympy
 
+    if unevaluated(answer) and not unevaluated(gold):
+        return False
     return verify(_parse_boxed(gold), _parse_boxed(answer), timeout_seconds=None)
 
 
@@ -440,6 +455,8 @@ def _math_verify_response(response: str, gold: str) -> tuple[float, str]:
     answer_parsed = parse(_FBOX.sub(r"\\boxed{", response), parsing_timeout=None)
     if not answer_parsed:
         return 0.0, "no_answer"
+    if unevaluated(answer_parsed[-1]) and not unevaluated(gold):
+        return 0.0, "unevaluated"
     gold_parsed = _parse_boxed(gold)
     if verify(gold_parsed, answer_parsed, timeout_seconds=None):
         return 1.0, "ok"

@@ -211,10 +211,26 @@ def test_extract_boxed(text, expected):
     ("\\boxed{ }", "5", (0.0, 0, "empty_boxed"), (0.0, 0, "no_answer")),
     ("\\fbox{5}", "5", (1.0, 1, "ok"), (1.0, 1, "ok")),           # \\fbox is read as \\boxed
     ("\\boxed{" + "1" * 1001 + "}", "5", (0.0, 1, "answer_too_long"), (0.0, 1, "answer_too_long")),
+    # the question restated is not its answer, though math-verify reads "86 + 87" as 173 (issue 43's hack)
+    ("What is 86 + 87?\n\n86 + 87", "173", (0.0, 0, "no_boxed"), (0.0, 0, "unevaluated")),
+    ("86 + 87 = 173", "173", (0.0, 0, "no_boxed"), (1.0, 0, "ok")),
+    ("\\boxed{86+87}", "173", (0.0, 1, "wrong"), (0.0, 1, "unevaluated")),
+    ("\\boxed{16 \\times 3}", "48", (0.0, 1, "wrong"), (0.0, 1, "unevaluated")),
+    ("\\boxed{2^{10}}", "2^{10}", (1.0, 1, "ok"), (1.0, 1, "ok")),  # unless the gold is written so too
 ])
 def test_math_format_channel(response, gold, official, math_verify):
     assert verify.score_batch([response], [gold], ["math"], math_grader="official")[0] == verify.Score(*official)
     assert verify.score_batch([response], [gold], ["math"])[0] == verify.Score(*math_verify)
+
+
+@pytest.mark.parametrize("answer, expected", [
+    ("86 + 87", True), ("86+87", True), ("16 \\times 3", True), ("2 \\cdot 3", True), ("2^{10}", True),
+    ("3 - 5", True), ("-3-5", True), ("0.5+0.25", True), ("\\left(2+3\\right)", True),
+    ("173", False), ("-5", False), ("3.5", False), ("\\frac{1}{2}", False), ("1/2", False), ("1,000", False),
+    ("3+2\\sqrt{2}", False), ("x+1", False), ("10\\%", False), ("(2, 3)", False),
+])
+def test_unevaluated_arithmetic_on_plain_numbers_is_not_a_value(answer, expected):
+    assert verify.unevaluated(answer) == expected
 
 
 def test_math_grader_must_be_known():
@@ -238,6 +254,9 @@ MATH_VERIFY_DISAGREEMENTS = {
     ("C", "\\boxed{C. x = 42}"): "NeMo-Skills' multiple-choice rule reads a leading 'C.' as the choice; "
                                  "math-verify reads the box as an equation, x = 42",
     ("C. x = 42", "\\boxed{C}"): "the same rule, the other way round",
+    ("$10$", "Answer \\( (9+1) \\)"): "verify.py's rule, not math-verify's: arithmetic on plain numbers is not "
+                                      "an answer (verify.unevaluated), or a policy answers 'What is 9 + 1?' with "
+                                      "'9 + 1' (issue 43's SmolLM2 runs did); the source's label accepts it",
 }
 
 
