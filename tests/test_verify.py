@@ -25,6 +25,10 @@ from conftest import sandbox_dirs  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TIMEOUT = 2.0  # per-item limit for the hostile tests
+# An answer sympy never finishes reading: not plain arithmetic (the "+ x"), so `verify.unevaluated` does
+# not refuse it first, and math-verify's parse evaluates the power tower. The tests of timeouts,
+# dying workers and Ctrl-C use it to keep a worker busy.
+SLOW = "\\boxed{10^{10^{10^{10}}} + x}"
 SLACK = 2.0    # scheduling slack on a loaded 2-core machine, on top of the limit
 MINE = f"verify-worker-{os.getpid()}-"  # our workers' scratch directories: other processes on this
                                         # machine may be using verify.py at the same time
@@ -294,7 +298,8 @@ HOSTILE_MATH = {  # name -> response; the gold is "7" and each must score 0 with
     "boxed nested 1000 deep": "\\boxed{" * 1000 + "8" + "}" * 1000,
     "empty boxed nested 1000 deep": "\\boxed{" * 1000 + "}" * 1000,
     "braces nested 400 deep": "\\boxed{" + "{" * 400 + "8" + "}" * 400 + "}",
-    "power tower": "\\boxed{10^{10^{10^{10}}}}",
+    "power tower": "\\boxed{10^{10^{10^{10}}}}",  # refused as unevaluated arithmetic before sympy
+    "power tower plus x": SLOW,  # sympy evaluates 10^(10^10^10) for ever
     "1 MB box": "\\boxed{" + "x+" * 500_000 + "}",
     "1 MB of text, small box": "lorem ipsum " * 90_000 + "\\boxed{8}",
     "NUL bytes and odd unicode": "\x00\\boxed{\x00\u202e\ud800\U0001f4a5\ufeff\x00}\x00",
@@ -403,7 +408,7 @@ def test_item_whose_worker_dies_is_retried_once(deaths, reason):
     """A worker killed mid-item (OOM killer, a crash): the item gets a second worker, not a third."""
     victims = _ready_pool()
     killer = _kill_busy_workers(deaths)
-    score = verify.score_batch(["\\boxed{10^{10^{10^{10}}}}"], ["7"], ["math"], timeout=3.0)[0]
+    score = verify.score_batch([SLOW], ["7"], ["math"], timeout=3.0)[0]
     killer.join()
     assert score.reward == 0.0 and score.reason.startswith(reason), score
     assert verify.score_batch([boxed("0.5")], ["\\frac12"], ["math"])[0].reward == 1.0
@@ -421,7 +426,7 @@ def test_interrupted_batch_leaves_no_stale_answers():
     signal.setitimer(signal.ITIMER_REAL, 0.5)
     try:
         with pytest.raises(KeyboardInterrupt):
-            verify.score_batch(["\\boxed{10^{10^{10^{10}}}}"] * n, ["7"] * n, ["math"] * n)
+            verify.score_batch([SLOW] * n, ["7"] * n, ["math"] * n)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
