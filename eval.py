@@ -496,8 +496,11 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
             axes[1, 2].barh(name, seconds, left=left, color=plt.get_cmap("Set2")(j),  # not a run colour
                             label=phase if i == 0 else None)
             left += seconds
-    for ax, _, title in curves:
+    for ax, key, title in curves:
         ax.set_title(f"{title} (faint: per step)")
+        if not any(np.isfinite(_series(run["metrics"], key)).any() for run in runs):  # e.g. --data: no step checker
+            ax.text(0.5, 0.5, f"not logged by {'this run' if len(runs) == 1 else 'these runs'}",
+                    ha="center", va="center", transform=ax.transAxes, color="grey")
     axes[0, 1].set_title("held-out accuracy")
     axes[1, 2].set_title("mean seconds per step, by phase")
     axes[1, 2].set_xlabel("seconds")
