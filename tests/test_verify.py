@@ -25,9 +25,9 @@ from conftest import sandbox_dirs  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TIMEOUT = 2.0  # per-item limit for the hostile tests
-# An answer sympy never finishes reading: not plain arithmetic (the "+ x"), so `verify.unevaluated` does
-# not refuse it first, and math-verify's parse evaluates the power tower. The tests of timeouts,
-# dying workers and Ctrl-C use it to keep a worker busy.
+# An answer sympy never finishes comparing: not plain arithmetic (the "+ x"), so `verify.unevaluated` does
+# not refuse it first, and math-verify's verify() evaluates the power tower (its parse is quick). The
+# tests of timeouts, dying workers and Ctrl-C use it to keep a worker busy.
 SLOW = "\\boxed{10^{10^{10^{10}}} + x}"
 SLACK = 2.0    # scheduling slack on a loaded 2-core machine, on top of the limit
 MINE = f"verify-worker-{os.getpid()}-"  # our workers' scratch directories: other processes on this
@@ -298,7 +298,7 @@ HOSTILE_MATH = {  # name -> response; the gold is "7" and each must score 0 with
     "boxed nested 1000 deep": "\\boxed{" * 1000 + "8" + "}" * 1000,
     "empty boxed nested 1000 deep": "\\boxed{" * 1000 + "}" * 1000,
     "braces nested 400 deep": "\\boxed{" + "{" * 400 + "8" + "}" * 400 + "}",
-    "power tower": "\\boxed{10^{10^{10^{10}}}}",  # refused as unevaluated arithmetic before sympy
+    "power tower": "\\boxed{10^{10^{10^{10}}}}",  # refused as unevaluated arithmetic before the comparison
     "power tower plus x": SLOW,  # sympy evaluates 10^(10^10^10) for ever
     "1 MB box": "\\boxed{" + "x+" * 500_000 + "}",
     "1 MB of text, small box": "lorem ipsum " * 90_000 + "\\boxed{8}",
