@@ -36,8 +36,8 @@ import toy_task  # noqa: E402
 import torch  # noqa: E402
 import train  # noqa: E402
 from rollout import HFRollout  # noqa: E402
-from reproduce import (ARMS, CLAIM_SEEDS, CLAIM_T, CLAIM_T_STRONG, NULL_RATE, REPO, build_sft, fmt, load_finished, merge_json, paired,  # noqa: E402
-                       paired_text, parse_study_args, run_all, same_parser, save_figure, series, steps_to_reach,
+from reproduce import (ARMS, CLAIM_SEEDS, CLAIM_T, CLAIM_T_STRONG, COLLAPSED, NULL_RATE, REPO, build_sft, fmt, load_finished, merge_json, paired,  # noqa: E402
+                       paired_cells, paired_text, parse_study_args, run_all, same_parser, save_figure, series, steps_to_reach,
                        train_config)
 from runlog import moving_average, nanmean  # noqa: E402
 
@@ -632,9 +632,6 @@ QUOTED_PAIRS = [
     ("sparser", "implicit-nf-mixed-e1-teacher-lr1e-4", "step-nf-e1-lr1e-4"),
     ("sparser", "implicit-nf-mixed-e1-teacher-lr1e-4", "implicit-nf-mixed-e1-lr1e-4"),
 ]
-COLLAPSED = 0.5  # a run whose greedy held-out accuracy ends below this has collapsed
-
-
 def paired_from_json(recorded: dict) -> str:
     """Every recorded arm against its outcome-only baseline, and the QUOTED_PAIRS, paired by seed, from
     credit.json alone: the verdicts the study's text may state (reproduce.paired), the 95% interval of
@@ -654,15 +651,10 @@ def paired_from_json(recorded: dict) -> str:
         p = paired(per_seed(a), per_seed(b))
         collapsed = [sum(g < COLLAPSED for s, g in per_seed(x, "end_greedy").items() if s in p["seeds"])
                      if "end_greedy" in x else 0 for x in (a, b)]
-        text = paired_text(p)
-        if any(collapsed) and len(p["seeds"]) > 1:
-            text = (f"{p['mean']:+.3f} ({p['up']}/{len(p['seeds'])} up; bimodal: sign test p "
-                    f"{p['sign_p']:.2f}, no t)")
-        elif p["verdict"] != "too few seeds":
+        text, interval = paired_cells(p, any(collapsed))
+        if not (any(collapsed) and len(p["seeds"]) > 1) and p["verdict"] != "too few seeds":
             family += 1
             strong += abs(p["t"]) >= CLAIM_T_STRONG and p["verdict"] in ("up", "down")
-        lo, hi = p["ci95"]
-        interval = "n/a" if math.isnan(lo) or any(collapsed) else f"[{lo:+.3f}, {hi:+.3f}]"
         lines.append(f"| {setting} | {CREDIT_LABELS[arm]} | {CREDIT_LABELS[against]} | {len(p['seeds'])} | {text} | "
                      f"{interval} | {collapsed[0]} / {collapsed[1]} |")
     lines.append(f"\n{family} differences with {CLAIM_SEEDS}+ seeds and no collapse were tested (t). If none were real, "

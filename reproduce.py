@@ -7,6 +7,7 @@
     python reproduce.py timing                 # step-time split, PRIME vs RLOO (Table 2)
     python reproduce.py all                    # everything above (each run once; arms are shared)
     python reproduce.py all --report-only      # redraw plots and tables from the finished runs
+    python reproduce.py all --paired-from-json # the paired differences the text quotes, from results.json
     python reproduce.py prime-vs-rloo --seeds 1 2 --steps 40 --jobs 1
 
 Each arm is a plain `python train.py` run with the flags in ARMS, written to runs/repro/<arm>-s<seed>/.
@@ -71,6 +72,15 @@ COMPARISONS = {
     "estimators": ["reinforce", "reinforce+prm", "grpo", "grpo+prm", "ppo", "ppo+prm", "rloo", "prime"],
     "pass": ["grpo", "pass-implicit", "pass-step"],
     "timing": ["rloo", "prime"],
+}
+# The paired differences (arm, against) each comparison's text quotes: `--paired-from-json` prints them
+# from results.json alone, so that every difference docs/REPRODUCTION.md states can be recomputed.
+PAIRS = {
+    "prime-vs-rloo": [("prime", "rloo")],
+    "online-vs-offline": [("prime-offline", "prime")],
+    "estimators": [("reinforce+prm", "reinforce"), ("grpo+prm", "grpo"), ("ppo+prm", "ppo"), ("prime", "rloo"),
+                   ("reinforce", "rloo"), ("grpo", "rloo"), ("ppo", "rloo")],
+    "pass": [("pass-implicit", "grpo"), ("pass-step", "grpo"), ("pass-step", "pass-implicit")],
 }
 
 
@@ -216,6 +226,18 @@ def paired_text(p: dict) -> str:
     return f"{p['mean']:+.3f} (t {p['t']:.1f}, {p['up']}/{len(p['seeds'])} up; {p['verdict']})"
 
 
+COLLAPSED = 0.5  # a run whose greedy held-out accuracy ends below this has collapsed
+
+
+def paired_cells(p: dict, collapsed: bool) -> tuple[str, str]:
+    """A paired difference's verdict cell and its 95% interval cell. A difference with a collapsed run
+    is bimodal, so its t is not trusted: it gets the sign count and the sign test's p, no interval."""
+    lo, hi = p["ci95"]
+    if collapsed and len(p["seeds"]) > 1:
+        return f"{p['mean']:+.3f} ({p['up']}/{len(p['seeds'])} up; bimodal: sign test p {p['sign_p']:.2f}, no t)", "n/a"
+    return paired_text(p), "n/a" if math.isnan(lo) else f"[{lo:+.3f}, {hi:+.3f}]"
+
+
 def eval_se(accuracy: float, draws: int) -> float:
     """Binomial standard error of an accuracy measured on `draws` responses (problems x samples): the
     evaluation's own noise, before any difference between seeds or arms."""
@@ -243,6 +265,27 @@ def summarize(arm: str, runs: list[dict], window: int) -> dict:
                 "start_accuracy": start, "end_accuracy": end,
                 "step_seconds": step_seconds,
                 "wall_seconds": [r["summary"]["wall_seconds"] for r in runs]}
+
+
+def paired_from_json(results: dict, names: list[str]) -> str:
+    """The PAIRS of these comparisons from results.json alone, paired by seed: the verdict, the 95%
+    interval and how many runs of each side collapsed. Only runs of the same default pair (results.json
+    records `steps` for today's runs; an entry without it ran on an earlier default)."""
+    lines = ["| comparison | arm | against | seeds | end sampled difference, paired | 95% interval | "
+             "runs collapsed (arm / against) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name in names:
+        for arm, against in PAIRS.get(name, ()):
+            a, b = results.get(arm), results.get(against)
+            head = f"| {name} | {LABELS[arm]} | {LABELS[against]} |"
+            if not a or not b or "steps" not in a or "steps" not in b or set(a["steps"]) != set(b["steps"]):
+                lines.append(f"{head} 0 | not paired: one side has no runs of today's default | n/a | n/a |")
+                continue
+            p = paired(dict(zip(a["seed"], a["end_sampled"])), dict(zip(b["seed"], b["end_sampled"])))
+            collapsed = [sum(g < COLLAPSED for s, g in zip(x["seed"], x["end_accuracy"]) if s in p["seeds"])
+                         for x in (a, b)]
+            text, interval = paired_cells(p, any(collapsed))
+            lines.append(f"{head} {len(p['seeds'])} | {text} | {interval} | {collapsed[0]} / {collapsed[1]} |")
+    return "\n".join(lines)
 
 
 def fmt(values, digits=3) -> str:
@@ -336,11 +379,16 @@ def parse_study_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Nam
 def main(argv=None):
     parser = same_parser(__doc__)
     parser.add_argument("comparison", choices=[*COMPARISONS, "all"], help="a comparison, or all five")
+    parser.add_argument("--paired-from-json", action="store_true",
+                        help="only the paired differences the text quotes (PAIRS), from --figures/results.json")
     args = parse_study_args(parser, argv)
+    names = list(COMPARISONS) if args.comparison == "all" else [args.comparison]
+    if args.paired_from_json:
+        print(paired_from_json(json.loads((Path(args.figures) / "results.json").read_text()), names))
+        return
     if not args.report_only:  # a bad train.py flag fails now (exit 2), before the SFT or any run
         task = train_config(args.train_args + ["--steps", str(args.steps)])
 
-    names = list(COMPARISONS) if args.comparison == "all" else [args.comparison]
     arms = list(dict.fromkeys(a for n in names for a in COMPARISONS[n]))
     if not args.report_only:
         build_sft(task, args.cache_dir)
@@ -367,6 +415,7 @@ def main(argv=None):
                 print(f"{LABELS[arm]}: {sum(split.values()):.2f} s/step = " +
                       ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
     merge_json(figures / "results.json", results)
+    print("\n## paired differences\n\n" + paired_from_json(json.loads((figures / "results.json").read_text()), names))
 
 
 def build_sft(task, cache_dir: str) -> None:

@@ -314,6 +314,26 @@ def test_paired_from_json_gives_collapses_a_sign_count_and_counts_the_family():
                          "1 of them pass |t| >= 5.")
 
 
+def test_reproduce_paired_from_json_pairs_todays_runs_only():
+    seeds = [1, 2, 3, 4, 5]
+    today = {"steps": [70] * 5, "seed": seeds, "end_accuracy": [1.0] * 5}
+    results = {"grpo": {**today, "end_sampled": [0.70, 0.69, 0.73, 0.71, 0.71]},
+               "pass-step": {**today, "end_sampled": [0.69, 0.68, 0.72, 0.71, 0.70]},
+               # a collapsed seed (greedy 0.3): a sign count, no t and no interval
+               "pass-implicit": {**today, "end_sampled": [0.72, 0.70, 0.74, 0.20, 0.73],
+                                 "end_accuracy": [1.0, 1.0, 1.0, 0.3, 1.0]},
+               "reinforce": {"seed": [1, 2, 3], "end_sampled": [0.7] * 3}}  # an earlier default: no `steps`
+    text = reproduce.paired_from_json(results, ["pass", "estimators"])
+    # PASS, step - GRPO: -0.01, -0.01, -0.01, 0.0, -0.01; mean -0.008, sd 0.004472, SE 0.002, t -4.0;
+    # interval -0.008 +- 2.776 x 0.002 = [-0.0136, -0.0024]; one difference is 0, so 0/5 up and no claim
+    assert "| pass | PASS, exact step checker | GRPO | 5 | -0.008 (t -4.0, 0/5 up; none) | [-0.014, -0.002] | 0 / 0 |" in text
+    # PASS, implicit - GRPO: +0.02, +0.01, +0.01, -0.51, +0.02, mean -0.09; 4 up, 1 down: sign test p 2 x 6/32
+    assert ("| pass | PASS, implicit PRM | GRPO | 5 | -0.090 (4/5 up; bimodal: sign test p 0.38, no t) | n/a | "
+            "1 / 0 |") in text
+    assert "| estimators | REINFORCE + implicit PRM | REINFORCE | 0 | not paired" in text
+    assert "| estimators | GRPO + implicit PRM | GRPO | 0 | not paired" in text  # grpo+prm has no entry
+
+
 def test_interval_quantiles_and_sign_test_by_hand():
     # Student's t 97.5% points from a printed table; above 10 degrees within 1.1% of it
     for df, q in ((1, 12.706), (4, 2.776), (10, 2.228), (12, 2.179), (20, 2.086), (30, 2.042)):
