@@ -330,9 +330,9 @@ def grpo_advantage(process_reward, outcome: torch.Tensor, mask: torch.Tensor, n_
         A_p^i_t = sum_{s >= t} gamma^(s-t) (r_phi(y^i_s) - mean_g m) / (std_g m + eps)
     std is the unbiased group std (torch.std, as veRL's GRPO). (B, T) -> (B, T), 0 on padding.
     Beware the scale: response means, each an average over tokens, usually spread far less than tokens
-    do, and the return sums a z-score per token, so
-    the process part can swamp the outcome's (on the embedded default, 34-36x its RMS at step 70, where
-    RLOO's is 0.3x: bench/advantage_scale.py; docs/REPRODUCTION.md 2.3).
+    do, and the return sums a z-score per token, so the process part can swamp the outcome's (on the
+    embedded default 34-36x its RMS at step 70, where RLOO's is 0.3x: bench/advantage_scale.py;
+    docs/REPRODUCTION.md 2.3).
     """
     _check_groups(outcome.shape[0], n_samples)
     valid = mask.bool()
