@@ -632,6 +632,8 @@ QUOTED_PAIRS = [
     ("sparser", "implicit-nf-mixed-e1-teacher-lr1e-4", "step-nf-e1-lr1e-4"),
     ("sparser", "implicit-nf-mixed-e1-teacher-lr1e-4", "implicit-nf-mixed-e1-lr1e-4"),
 ]
+
+
 def paired_from_json(recorded: dict) -> str:
     """Every recorded arm against its outcome-only baseline, and the QUOTED_PAIRS, paired by seed, from
     credit.json alone: the verdicts the study's text may state (reproduce.paired), the 95% interval of

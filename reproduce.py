@@ -105,10 +105,12 @@ def run_all(jobs: list[tuple], args, what: str) -> None:
     print(f"all runs finished in {(time.time() - t) / 60:.1f} min", flush=True)
 
 
-def merge_json(path: Path, results: dict) -> None:
-    """Update the JSON object at `path` with `results`, written atomically."""
+def merge_json(path: Path, results: dict) -> dict:
+    """Update the JSON object at `path` with `results`, written atomically; returns the merged object."""
     old = json.loads(path.read_text()) if path.exists() else {}
-    runlog.write_json(path, {**old, **results}, indent=1)
+    merged = {**old, **results}
+    runlog.write_json(path, merged, indent=1)
+    return merged
 
 
 def save_figure(fig, figures: Path, name: str) -> Path:
@@ -414,8 +416,8 @@ def main(argv=None):
                 split = results[arm]["step_seconds"]
                 print(f"{LABELS[arm]}: {sum(split.values()):.2f} s/step = " +
                       ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
-    merge_json(figures / "results.json", results)
-    print("\n## paired differences\n\n" + paired_from_json(json.loads((figures / "results.json").read_text()), names))
+    recorded = merge_json(figures / "results.json", results)
+    print("\n## paired differences\n\n" + paired_from_json(recorded, names))
 
 
 def build_sft(task, cache_dir: str) -> None:
