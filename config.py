@@ -178,10 +178,12 @@ class Args:
     """--rollout vllm: fraction of the WHOLE GPU for vLLM's weights and KV cache; training gets the rest"""
     vllm_sleep: bool = False
     """--rollout vllm: free vLLM's GPU memory during the PRM and policy updates (sleep mode; GPU only)"""
+    offload_optimizer: bool = False
+    """keep each AdamW's moments (8 bytes a parameter) in CPU memory, on the GPU only while their model updates (veRL's optimizer offload): the 1.5b preset fits 80 GB with it; costs two copies of the moments over PCIe per model and step"""
     rollout_correction: str = "token-truncate"
-    """--rollout vllm: weight each token's policy loss by pi_trainer/pi_sampler of the tokens vLLM drew (prime.rollout_is_weights): 'token-truncate' (TIS, veRL's threshold 2), 'token-mask', 'sequence-truncate', 'sequence-mask' (TRL's default) or 'none'; with --rollout hf the sampler is the trainer and the weights are 1"""
+    """--rollout vllm: weight each token's policy loss by pi_trainer/pi_sampler of the tokens vLLM drew (prime.rollout_is_weights): 'token-truncate' (TIS, veRL's threshold 2), 'token-mask' (TRL's: above the cap, 0), 'token-band' (IcePop as veRL's mask mode: outside [1/cap, cap], out of the loss), 'sequence-truncate', 'sequence-mask' (TRL's default), 'sequence-band' or 'none'; with --rollout hf the sampler is the trainer and the weights are 1"""
     rollout_correction_cap: float = 2.0
-    """the rollout correction's cap on pi_trainer/pi_sampler: truncated to it, or masked above it"""
+    """the rollout correction's cap on pi_trainer/pi_sampler: truncated to it, masked above it, or (band) masked outside [1/cap, cap]"""
     seed: int = 1
     """base seed; rank r uses seed + r"""
     run_name: str = ""
@@ -220,14 +222,16 @@ PRESETS = {
                   policy_lr=5e-7, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=8,
                   max_tokens_per_micro_batch=0, gradient_checkpointing=True, temperature=1.0, top_p=1.0,
                   filter_mode="refill"),
-    # DeepSeek-R1-Distill-Qwen-1.5B (paper App. B.7) under plain DDP on 8 x 80 GB, by models.memory_estimate_gb:
-    # policy and PRM in fp32 with AdamW (49.4 GB) and the fp32 reference (6.2) always; one row per
-    # micro-batch with checkpointing in bf16 (an update adds 7.3); vLLM's share, 0.2 of the GPU (16 GB),
-    # asleep during the updates: 71.6 GB at the fullest, 78.7 GB with the allocator's 10%.
+    # DeepSeek-R1-Distill-Qwen-1.5B (paper App. B.7) and Qwen2.5(-Math)-1.5B under plain DDP on 8 x 80 GB, by
+    # models.memory_estimate_gb (tests/test_memory.py::test_the_1_5b_preset_fits_80gb_on_each_named_model): policy
+    # and PRM in fp32 with their gradients, AdamW's moments on the CPU except during their model's update
+    # (--offload-optimizer), the fp32 reference; one row per micro-batch with checkpointing in bf16; vLLM's
+    # share, 0.2 of the GPU (16 GB), asleep during the updates; the CUDA context, NCCL and vLLM's graph pool:
+    # 69.5 GB (untied DeepSeek-R1-Distill, 1.78B parameters), 61.8 GB (tied Qwen2.5, 1.54B), 10% margin included.
     "1.5b": dict(prompts_per_step=256, n_samples=4, max_prompt_len=1024, max_response_len=3072,
                  policy_lr=1e-6, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=1,
                  max_tokens_per_micro_batch=0, gradient_checkpointing=True, temperature=1.0, top_p=1.0,
-                 filter_mode="refill", vllm_gpu_memory_utilization=0.2, vllm_sleep=True),
+                 filter_mode="refill", vllm_gpu_memory_utilization=0.2, vllm_sleep=True, offload_optimizer=True),
 }
 
 CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass", "ppo"), rloo_form=("official", "paper"),
@@ -238,7 +242,8 @@ CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass", "ppo
                prm_loss=("ce", "dpo"), prm_groups=("kept", "mixed"), process_groups=("all", "mixed"), loss_mean=("global", "micro"),
                rollout=("hf", "vllm"), precision=("bf16", "fp32"), preset=("", "paper", "1.5b"), sandbox=("auto", "namespaces"),
                filter_mode=("shrink", "refill"),
-               rollout_correction=("none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"))
+               rollout_correction=("none", "token-truncate", "token-mask", "token-band", "sequence-truncate",
+                                   "sequence-mask", "sequence-band"))
 
 
 def parse_args(argv=None, description: str = "") -> Args:

@@ -534,7 +534,9 @@ def write_summary(run_dir: Path, args, start: dict, end: dict, timing: dict, eva
                "final_prm_localization_10": nanmean([m.get("prm_localization") for m in metrics[-10:]])}
     write_json(run_dir / "summary.json", summary)
     plot_runs([run_dir], run_dir / "curves.png")
-    if not args.data:  # the episode picture: which tokens the process signal blamed
+    # the episode picture: which tokens the process signal blamed (none to draw with --episodes-per-step 0,
+    # or when no step kept a group)
+    if not args.data and (run_dir / "episodes.jsonl").exists():
         plot_episodes(run_dir)
     split = ", ".join(f"{k} {v:.2f}s" for k, v in summary["step_seconds"].items())
     print(f"\nheld-out accuracy ({eval_problems} problems): greedy {start['greedy']:.3f} -> {end['greedy']:.3f}; "

@@ -28,6 +28,7 @@ import torch
 import prime
 from config import Args
 from ddp import Dist, all_reduce, all_reduce_max
+from runlog import optimizer_state_to
 from rollout import Rollout, position_ids_from_mask
 
 
@@ -243,6 +244,8 @@ def run_update(model, optimizer, loss_fn, count, plan: list[list[MicroBatch]], a
     micro-batch's tokens weigh more than a long one's, and a rank with fewer rows weighs as much as
     one with many."""
     n_step = all_reduce([sum(count(mb) for mb in step if mb.weight) for step in plan], d)
+    if args.offload_optimizer:  # the moments come to the GPU for this update only, and go back after it
+        optimizer_state_to(optimizer, d.device)
     losses = []
     for step, n in zip(plan, n_step):
         if not n:  # nothing kept on any rank: no update (an AdamW step on zero gradients would still move)
@@ -267,4 +270,7 @@ def run_update(model, optimizer, loss_fn, count, plan: list[list[MicroBatch]], a
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
         losses.append(logged)
+    if args.offload_optimizer:
+        optimizer_state_to(optimizer, "cpu")
     return all_reduce(losses, d)  # the global mean (global), the mean over ranks of micro-means (micro)
+

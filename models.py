@@ -200,40 +200,78 @@ def update_peak_bytes(config, n_params: int, args: Args) -> dict:
     else:
         held = {"activations (every layer)": layers * layer + once, "logits and their gradient": logits}
     held["autocast's bf16 weight copies"] = copies
+    # the output layer's fp32 weight gradient, computed whole before autograd adds it into .grad (its
+    # DDP bucket): vocabulary x hidden floats, beside the logits' gradient
+    held["the output layer's gradient before its bucket"] = vocab * h * 4
     return held
+
+
+# What a GPU process holds beyond its tensors, per rank. Not measured by this project yet (no GPU has
+# been lent since these terms were added): bench/run_gpu_checks.sh prints the estimate beside the
+# device's own use. The sizes, from published measurements:
+CUDA_CONTEXT_GB = 1.0  # the CUDA context with its kernels and the cuBLAS/cuDNN handles and workspaces,
+#   one per process (vLLM runs in it too): 0.5-1 GB on an H100; vLLM's start-up profile on an 80 GB
+#   GPU logs "non_torch_memory takes 1.27GiB", NCCL included (vllm-project/vllm pull 11743)
+NCCL_GB_PER_GROUP = 1.6  # one NCCL communicator's buffers, linear in its channels: 0.54-0.69 GB on
+#   4 x A100 over NVLink (NVIDIA/nccl issue 964), about 1.6 GB with an all-reduce in NVIDIA/nccl
+#   issue 864; an H100's NVLink uses more channels
+VLLM_GRAPHS_GB = 1.0  # vLLM's CUDA-graph pool, captured at start-up; sleep frees the weights and the
+#   KV cache only, so the pool stays (vllm-project/vllm pull 45623: 1.5 GB on a far larger model)
+
+
+def beyond_tensors_gb(args: Args, world: int) -> dict:
+    """The per-rank GB a GPU process holds outside the tensors the estimate counts, each a named term:
+    the CUDA context; NCCL's buffers for DDP's group (world > 1) and for the group vLLM's external
+    launcher makes over the same ranks (an upper count: NCCL makes a communicator only for a group
+    that runs a collective on the GPU); vLLM's CUDA-graph pool, which sleep keeps."""
+    terms = {"CUDA context and library workspaces": CUDA_CONTEXT_GB}
+    groups = (world > 1) * (1 + (args.rollout == "vllm"))
+    if groups:
+        terms[f"NCCL buffers ({groups} group{'s' * (groups > 1)} of {world} ranks)"] = groups * NCCL_GB_PER_GROUP
+    if args.rollout == "vllm":
+        terms["vLLM's CUDA-graph pool (kept through sleep)"] = VLLM_GRAPHS_GB
+    return terms
 
 
 def memory_estimate_gb(n_params: int, args: Args, config=None, gpu_gb: float = 0.0, cuda: bool = True,
                        world: int = 1) -> dict:
     """Per-GPU GB under plain DDP, everything a rank holds at its fullest, term by term; "total" is what
     check_memory compares with the GPU's memory. n_params: the policy's (the PRM, reference and critic
-    are copies of it). `gpu_gb` sizes vLLM's share; `cuda`: AdamW is fused there (no temporaries);
-    `world`: the ranks, which share the step's prompts and the held-out problems.
+    are copies of it). `gpu_gb` sizes vLLM's share; `cuda`: AdamW is fused there (no temporaries) and
+    the process holds more than tensors (beyond_tensors_gb); `world`: the ranks, which share the step's
+    prompts and the held-out problems.
 
     Always held (the model state): the policy and the PRM in fp32 with their gradients and AdamW's two
     moments, 16 bytes a parameter each (under DDP the gradients are views into its all-reduce buckets,
-    gradient_as_bucket_view, so the buckets add nothing); the frozen reference as load_frozen loads it,
-    fp32 (4); the critic (PPO, 16) and a teacher (OPD, 4) when used. Then the largest of the phases:
-    an update (update_peak_bytes; with vLLM colocated and awake, its share beside it), the optimizer
-    step (foreach AdamW's temporaries, 8 bytes a parameter; none when fused), and sampling (vLLM's
-    share, --vllm-gpu-memory-utilization of the GPU, which the held-out evaluation shares; or HF
-    generate's KV cache for --rollout hf). On top, 10% for the caching allocator's fragmentation."""
+    gradient_as_bucket_view, so the buckets add nothing), or 8 with --offload-optimizer, whose moments
+    come to the GPU only for their model's update; the frozen reference as load_frozen loads it, fp32
+    (4); the critic (PPO, 16 or 8) and a teacher (OPD, 4) when used. Then the largest of the phases:
+    an update (update_peak_bytes, + the updating model's moments when offloaded; with vLLM colocated
+    and awake, its share beside it), the optimizer step (foreach AdamW's temporaries, 8 bytes a
+    parameter; none when fused), and sampling (vLLM's share, --vllm-gpu-memory-utilization of the GPU,
+    which the held-out evaluation shares; or HF generate's KV cache for --rollout hf). On top, 10% of
+    that for the caching allocator's fragmentation, and on a GPU what the process holds outside the
+    allocator (the CUDA context, NCCL's buffers, vLLM's graph pool)."""
     gb = 1e9
     n = n_params
-    est = {"policy (weights, grads, AdamW)": 16 * n / gb}
+    trained = "(weights, grads; AdamW on the CPU)" if args.offload_optimizer else "(weights, grads, AdamW)"
+    per_trained = (8 if args.offload_optimizer else 16) * n / gb
+    est = {f"policy {trained}": per_trained}
     if args.process == "implicit":
-        est["prm (weights, grads, AdamW)"] = 16 * n / gb
+        est[f"prm {trained}"] = per_trained
     if (args.process == "implicit" and args.reference == "sft") or args.process == "gopd":
         est["reference (fp32, frozen)"] = 4 * n / gb
     if args.process in ("opd", "gopd"):
         est["teacher (fp32, frozen)"] = 4 * n / gb
     if args.estimator == "ppo":
-        est["critic (weights, grads, AdamW)"] = 16 * n / gb
+        est[f"critic {trained}"] = per_trained
     state = sum(est.values())
     vllm = args.vllm_gpu_memory_utilization * gpu_gb if args.rollout == "vllm" else 0.0
     phases = {"optimizer step (foreach AdamW's temporaries)": 0.0 if cuda else 8 * n / gb}
     if config is not None:
         held = update_peak_bytes(config, n, args)
+        if args.offload_optimizer:
+            held["its AdamW moments, back on the GPU"] = 8 * n
         est.update({f"  update: {k}": v / gb for k, v in held.items()})
         phases["update" + ("" if args.vllm_sleep or not vllm else " beside vLLM's share")] = \
             sum(held.values()) / gb + (0.0 if args.vllm_sleep else vllm)
@@ -248,35 +286,53 @@ def memory_estimate_gb(n_params: int, args: Args, config=None, gpu_gb: float = 0
     est.update({f"phase: {k}": v for k, v in phases.items()})
     largest = max(phases.values())
     est["allocator (10%)"] = 0.1 * (state + largest)
-    est["total"] = state + largest + est["allocator (10%)"]  # the state, the largest phase, the allocator
+    beyond = beyond_tensors_gb(args, world) if cuda else {}
+    est.update({f"beyond tensors: {k}": v for k, v in beyond.items()})
+    # the state, the largest phase, the allocator's margin, and what the process holds outside the allocator
+    est["total"] = state + largest + est["allocator (10%)"] + sum(beyond.values())
     return est
 
 
-def memory_line(policy, args: Args, measured_gb: float) -> str:
-    """The estimate next to what the first step used (torch.cuda.max_memory_allocated, in GB)."""
-    gpu = torch.cuda.get_device_properties(0).total_memory / 1e9 if torch.cuda.is_available() else 0.0
+def measured_memory(device) -> dict:
+    """What a GPU rank holds now, in GB: the caching allocator's peaks (tensors, and the blocks it
+    reserved for them) and the device's own count (torch.cuda.mem_get_info: everything on the device,
+    the CUDA context, NCCL's buffers and vLLM's memory included)."""
+    free, total = torch.cuda.mem_get_info(device)
+    return {"allocated": torch.cuda.max_memory_allocated(device) / 1e9,
+            "reserved": torch.cuda.max_memory_reserved(device) / 1e9, "device": (total - free) / 1e9,
+            "device_total": total / 1e9}
+
+
+def memory_line(policy, args: Args, measured: dict) -> str:
+    """The estimate next to what the first step used (measured_memory), in GB."""
+    gpu = measured["device_total"]
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     est = memory_estimate_gb(sum(p.numel() for p in policy.parameters()), args, policy.config, gpu, world=world)
-    return (f"memory per GPU after the first step: estimated {est['total']:.2f} GB (allocator margin included), "
-            f"measured {measured_gb:.2f} GB (torch.cuda.max_memory_allocated"
-            f"{', vLLM included' if args.rollout == 'vllm' else ''})")
+    beyond = sum(v for k, v in est.items() if k.startswith("beyond tensors"))
+    return (f"memory per GPU after the first step: estimated {est['total']:.2f} GB ({beyond:.2f} of it beyond "
+            f"tensors, the allocator's margin included); the allocator's peaks {measured['allocated']:.2f} GB "
+            f"allocated, {measured['reserved']:.2f} GB reserved; the device in use now {measured['device']:.2f} "
+            f"of {gpu:.2f} GB (torch.cuda.mem_get_info{', vLLM included' if args.rollout == 'vllm' else ''})")
 
 
 def check_memory(path: str, args: Args, d: Dist) -> None:
-    """Print the estimate and refuse a run that cannot fit, before loading any weight, naming the flags
-    that lower it."""
+    """On a GPU (or for --max-memory-gb, a GPU of that size), print the estimate and refuse a run that
+    cannot fit, before loading any weight, naming the flags that lower it. A CPU run checks nothing:
+    its memory is the machine's, not a card's."""
+    gpu = d.device.type == "cuda"
+    if not (gpu or args.max_memory_gb):
+        return
     with torch.device("meta"):  # parameters without storage: just their shapes
         config = AutoConfig.from_pretrained(path)
         skeleton = AutoModelForCausalLM.from_config(config)
-    budget = args.max_memory_gb or (torch.cuda.get_device_properties(d.device).total_memory / 1e9
-                                    if d.device.type == "cuda" else 0.0)
-    est = memory_estimate_gb(sum(p.numel() for p in skeleton.parameters()), args, config, budget,
-                             cuda=d.device.type == "cuda", world=d.world)
+    budget = args.max_memory_gb or torch.cuda.get_device_properties(d.device).total_memory / 1e9
+    est = memory_estimate_gb(sum(p.numel() for p in skeleton.parameters()), args, config, budget, world=d.world)
     print0(d, "memory estimate per GPU: " + ", ".join(f"{k} {v:.2f} GB" for k, v in est.items()))
     if budget and est["total"] > budget:
         raise SystemExit(f"memory: the estimate is {est['total']:.0f} GB per GPU, more than the {budget:.0f} GB "
                          "available. Lower it with --micro-batch-size / --max-tokens-per-micro-batch (activations "
-                         "and logits), --gradient-checkpointing, --precision bf16, --vllm-sleep or a smaller "
+                         "and logits), --gradient-checkpointing, --precision bf16, --offload-optimizer, "
+                         "--vllm-sleep or a smaller "
                          "--vllm-gpu-memory-utilization (vLLM's share), or a smaller --model; plain DDP holds "
                          "the policy, the PRM and the reference whole on every GPU (a sharded trainer, "
                          "FSDP/ZeRO, would not).")

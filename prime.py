@@ -507,7 +507,7 @@ def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.
 # Rollout correction: the sampler is not the trainer
 # ---------------------------------------------------------------------------------------------------
 
-IS_LEVELS, IS_MODES = ("token", "sequence"), ("truncate", "mask")
+IS_LEVELS, IS_MODES = ("token", "sequence"), ("truncate", "mask", "band")
 
 
 def rollout_is_weights(logp_old: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor,
@@ -519,8 +519,13 @@ def rollout_is_weights(logp_old: torch.Tensor, logp_rollout: torch.Tensor, mask:
     (capped, since a rare token can make it huge) turns the expectation back into pi_old's:
         level "token":     rho_t = exp(clamp(logp_old_t - logp_rollout_t, -20, 20))
         level "sequence":  rho_i = exp(clamp(sum_t (logp_old_t - logp_rollout_t), -20, 20)), on every token of i
-        mode "truncate":   w = min(rho, cap)                 (TIS; veRL's rollout_correction, threshold 2)
-        mode "mask":       w = rho if rho <= cap, else 0     (TRL's sequence_mask, cap 3; IcePop)
+        mode "truncate":   w = min(rho, cap)                      (TIS; veRL's rollout_correction, threshold 2)
+        mode "mask":       w = rho if rho <= cap, else 0          (TRL's token_mask / sequence_mask: one-sided)
+        mode "band":       w = rho if 1/cap <= rho <= cap, else 0 (IcePop; veRL's mask mode, lower bound 1/upper)
+    The two masks differ in more than the lower bound: TRL keeps a masked token in the token mean's
+    denominator (it only weighs 0), veRL takes it out of the response mask (the mean is over the tokens
+    left). train.py follows each: with "band" the policy loss's token mean counts only in-band tokens
+    (band_mask below).
     `logp_old` is the trainer's log-prob of each sampled token under the policy that sampled it, at the
     sampling temperature; `logp_rollout` the sampler's log-prob of the same token under the
     distribution it actually drew from (vLLM's logprobs_mode="processed_logprobs": after temperature,
@@ -538,16 +543,27 @@ def rollout_is_weights(logp_old: torch.Tensor, logp_rollout: torch.Tensor, mask:
     if level == "sequence":
         delta = delta.sum(-1, keepdim=True).expand_as(delta)
     rho = torch.exp(delta.clamp(-20.0, 20.0))
-    w = rho.clamp(max=cap) if mode == "truncate" else torch.where(rho <= cap, rho, 0.0)
+    if mode == "truncate":
+        w = rho.clamp(max=cap)
+    else:
+        w = torch.where((rho <= cap) & ((mode == "mask") | (rho >= 1.0 / cap)), rho, 0.0)
     return torch.where(valid, w, 0.0)
 
 
+def band_mask(is_weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The loss mask of the "band" mode (veRL's rollout-correction mask, IcePop): the response tokens
+    whose weight survived, so that a masked token leaves the token mean's denominator as well as its
+    numerator. (B, T) each -> (B, T) float."""
+    return mask * (is_weights > 0)
+
+
 def rollout_mismatch(logp_old: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor,
-                     level: str = "token", cap: float = 2.0) -> dict:
+                     level: str = "token", cap: float = 2.0, mode: str = "truncate") -> dict:
     """What the rollout correction sees, before any truncation, as sums to add over ranks:
-    {"abs_logp_diff": sum over tokens of |logp_old - logp_rollout|, "tokens": their number,
+    {"abs_logp_diff": sum over tokens of |logp_old - logp_rollout|, "mismatch_tokens": their number,
      "rho_max": the largest rho of `level` (a max, not a sum), "over_cap": tokens (or sequences)
-     whose rho exceeds `cap`, "units": tokens (or sequences)}. Python floats."""
+     whose rho exceeds `cap` (with mode "band", or is below 1/cap), "units": tokens (or sequences)}.
+     Python floats."""
     valid = mask.bool()
     delta = torch.where(valid, logp_old.float() - logp_rollout.float(), 0.0)
     if level == "sequence":
@@ -556,8 +572,9 @@ def rollout_mismatch(logp_old: torch.Tensor, logp_rollout: torch.Tensor, mask: t
     else:
         log_rho, units = delta[valid], valid.sum()
     rho = torch.exp(log_rho.clamp(-20.0, 20.0))
-    return {"abs_logp_diff": delta.abs().sum().item(), "tokens": valid.sum().item(),
-            "rho_max": rho.max().item() if rho.numel() else 0.0, "over_cap": (rho > cap).sum().item(),
+    cut = (rho > cap) | ((rho < 1.0 / cap) & (mode == "band"))
+    return {"abs_logp_diff": delta.abs().sum().item(), "mismatch_tokens": valid.sum().item(),
+            "rho_max": rho.max().item() if rho.numel() else 0.0, "over_cap": cut.sum().item(),
             "units": units.item()}
 
 

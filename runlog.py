@@ -125,6 +125,18 @@ def step_counts(args, tasks: list, ro, scores, outcome, kinds: list[str]) -> dic
     return counts
 
 
+def merge_counts(*parts: dict) -> dict:
+    """One dict of a step's counts from its parts, refusing a key two parts share: merged with {**a, **b},
+    the second would silently win (the rollout correction's token count once replaced the sampled
+    responses' and divided the response length by the kept rows' tokens)."""
+    merged = {}
+    for part in parts:
+        shared = merged.keys() & part.keys()
+        assert not shared, f"two counts of a step share the names {sorted(shared)}"
+        merged.update(part)
+    return merged
+
+
 def step_metrics(args, step: int, sums: dict, kept_per_rank: list, losses: dict) -> dict:
     """One line of metrics.jsonl from the counts summed over ranks (step_counts and the step's own)."""
     mean = lambda values: float(np.mean(values)) if values else 0.0  # noqa: E731 (run_update's are global already)
@@ -151,7 +163,7 @@ def step_metrics(args, step: int, sums: dict, kept_per_rank: list, losses: dict)
     if args.estimator == "ppo":
         metrics["value_loss"] = mean(losses["value"])
     if "rho_max" in sums:  # vLLM sampled: the two engines' mismatch, before the correction's cap
-        metrics["rollout_logp_abs_diff"] = sums["abs_logp_diff"] / max(sums["tokens"], 1)
+        metrics["rollout_logp_abs_diff"] = sums["abs_logp_diff"] / max(sums["mismatch_tokens"], 1)
         metrics["rollout_rho_max"] = sums["rho_max"]
         metrics["rollout_over_cap"] = sums["over_cap"] / max(sums["units"], 1)  # share truncated or masked
     for key in sums:  # e.g. reward_math, reward_code; None on a step without that kind
@@ -276,7 +288,18 @@ def point_checkpoint_at(run_dir: Path, name: str) -> None:
     os.replace(tmp, link)
 
 
-def load_checkpoint(run_dir: Path, models, d: Dist, name: str = "checkpoint") -> int:
+def optimizer_state_to(optimizer: torch.optim.Optimizer, device) -> None:
+    """--offload-optimizer (veRL's optimizer offload): move AdamW's moments, exp_avg and exp_avg_sq (8
+    bytes a parameter), to `device`; the step counts (0-dim tensors) stay where AdamW keeps them (on the
+    GPU for the fused kernel). The same numbers wherever they wait: a copy is exact. A new optimizer
+    has no state yet; it is made on the parameters' device at the first step, then moved."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.dim() > 0:
+                state[key] = value.to(device)
+
+
+def load_checkpoint(run_dir: Path, models, d: Dist, name: str = "checkpoint", offload_optimizer: bool = False) -> int:
     """Restore what save_checkpoint wrote into `models` and this rank's RNG streams; the step to resume at.
     `name`: the newest checkpoint (what --resume reads), or a kept one, e.g. "checkpoint-20".
 
@@ -301,6 +324,10 @@ def load_checkpoint(run_dir: Path, models, d: Dist, name: str = "checkpoint") ->
     if models.critic is not None:
         unwrap(models.critic).load_state_dict(state["critic"])
         models.critic_opt.load_state_dict(state["critic_opt"])
+    if offload_optimizer:  # load_state_dict put the moments on the parameters' device: back to the CPU
+        for opt in (models.policy_opt, models.prm_opt, models.critic_opt):
+            if opt is not None:
+                optimizer_state_to(opt, "cpu")
     set_rng_state(torch.load(path / f"rng_rank{d.rank}.pt", weights_only=False))
     return state["step"]
 

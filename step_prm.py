@@ -254,6 +254,14 @@ def first_wrong_steps(step_scores: torch.Tensor, step_ids: torch.Tensor) -> torc
     return torch.where(first < step_scores.shape[1], first, torch.full_like(first, -1))
 
 
+def toy_checker_steps(tokenizer, questions: list[str], responses: list[str], ro):
+    """Embedded task only: the step of each response token (B, R) and the first step the exact checker
+    (ToyStepChecker) marks wrong (B,), -1 if none; `ro` the responses' Rollout."""
+    scores, step_ids = step_scores_and_ids(ToyStepChecker(), tokenizer, questions, responses, ro.response_ids,
+                                           ro.response_mask)
+    return step_ids, first_wrong_steps(scores, step_ids)
+
+
 def step_localization(token_reward: torch.Tensor, step_ids: torch.Tensor, first_wrong: torch.Tensor):
     """Does the process reward blame the right step? (hits, count) over the responses that have a
     first wrong step (first_wrong >= 0).

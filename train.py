@@ -59,7 +59,7 @@ from data import Task, load_tasks
 from ddp import Dist, all_reduce, all_reduce_max, barrier, close, print0, setup_distributed, unwrap
 from microbatch import (MicroBatch, critic_values, logprobs_no_grad, plan_update, response_logprobs, run_update,
                         values_no_grad)
-from models import Models, build_models, make_sampler, memory_line
+from models import Models, build_models, make_sampler, measured_memory, memory_line
 from rollout import Rollout, concat_rollouts
 from runlog import timed
 
@@ -159,6 +159,8 @@ class Batch:
     questions: list[str]       # their prompts' text
     n_train: int               # rows that carry gradient (0 when nothing was kept)
     n_prm: int                 # rows the implicit PRM learns from (the first n_prm)
+    plan: list = None          # the policy update's micro-batches (microbatch.plan_update; with_plans)
+    prm_plan: list = None      # the PRM update's: its rows; DPO's groups stay whole
 
     @property
     def train_mask(self) -> torch.Tensor:
@@ -173,9 +175,16 @@ def kept_batch(ro: Rollout, outcome, texts: list[str], tasks: list[Task], args: 
     cap = args.prompts_per_step // d.world if args.filter_mode == "refill" else None
     rows, n_kept_groups, n_train, n_prm = filter_groups(outcome, ro, args, cap)
     batch = ro.select(rows)
-    return Batch(batch, outcome[rows].to(d.device), batch.response_mask.to(d.device).float(), rows,
-                 [texts[i] for i in rows.tolist()], [tasks[i // args.n_samples].text for i in rows.tolist()],
-                 n_train, n_prm), n_kept_groups
+    return with_plans(Batch(batch, outcome[rows].to(d.device), batch.response_mask.to(d.device).float(), rows,
+                            [texts[i] for i in rows.tolist()], [tasks[i // args.n_samples].text for i in rows.tolist()],
+                            n_train, n_prm), args, d), n_kept_groups
+
+
+def with_plans(b: Batch, args: Args, d: Dist) -> Batch:
+    """`b` with its updates' micro-batches, planned once a step; the no-grad pass paired with an update
+    (pi_old with the policy's, the reference with the PRM's) runs in the same ones, for the same numbers."""
+    return dataclasses.replace(b, plan=plan_update(b.ro, b.n_train, args, d), prm_plan=plan_update(
+        b.ro, b.n_prm, args, d, unit=args.n_samples if args.prm_loss == "dpo" else 1))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -208,20 +217,26 @@ def implicit_prm_step(prm, prm_opt, b: Batch, logp_ref, args: Args, d: Dist, upd
         return prime.prm_dpo_loss(logp_prm, mb.of(logp_ref), mb.of(mask), b.outcome[mb.rows], args.beta,
                                   args.n_samples)
 
-    plan = update_plan(args, b, d, prm=True)
-    losses = run_update(prm, prm_opt, prm_loss_fn, lambda mb: len(mb.rows), plan, args, d, args.prm_grad_clip)
+    losses = run_update(prm, prm_opt, prm_loss_fn, lambda mb: len(mb.rows), b.prm_plan, args, d, args.prm_grad_clip)
     if args.prm_update == "before":  # double forward: rewards from the updated PRM
         logp_prm_store = logprobs_no_grad(unwrap(prm), b.ro, args)
     return prime.implicit_process_reward(logp_prm_store, logp_ref, mask, 1.0), losses
 
 
-def update_plan(args: Args, b: Batch, d: Dist, prm: bool = False):
-    """The micro-batches of this batch's PRM update (prm=True: the rows it learns from; DPO's groups
-    stay whole, both losses are means over responses) or policy update (microbatch.plan_update). The
-    no-grad pass that pairs with an update (the reference, pi_old) runs in them too: same numbers."""
-    if prm:
-        return plan_update(b.ro, b.n_prm, args, d, unit=args.n_samples if args.prm_loss == "dpo" else 1)
-    return plan_update(b.ro, b.n_train, args, d)
+def reference_logprobs(args: Args, models: Models, b: Batch, logp_old):
+    """Eq. 3's log pi_ref per token (B, R), at temperature 1 as the PRM's own, in the PRM update's
+    micro-batches: the frozen SFT model, or with --reference policy the rollout policy (App. B.1).
+
+    Eq. 3 compares two language models at one temperature. pi_old's log-probs at the sampling
+    temperature T (what PPO's ratio needs) would make the reward at step 1 log pi(y) - log pi_T(y),
+    not 0, whenever T != 1: so at T != 1 the policy's own pass at 1 is the reference. The official
+    code reuses `old_log_probs`, which its actor takes at the rollout temperature (dp_prime.py): the
+    same only at T = 1, the paper's setting."""
+    if models.reference is not None:
+        return logprobs_no_grad(models.reference, b.ro, args, plan=b.prm_plan)
+    if args.process != "implicit" or args.temperature == 1.0:
+        return logp_old
+    return logprobs_no_grad(unwrap(models.policy), b.ro, args, plan=b.prm_plan)
 
 
 def process_signal(args: Args, models: Models, b: Batch, logp_old, logp_ref, d: Dist, step: int):
@@ -233,18 +248,22 @@ def process_signal(args: Args, models: Models, b: Batch, logp_old, logp_ref, d: 
         gopd      lambda (l_T - l_B) - (l_student - l_B), B = the starting policy   (PASS v1 Eq. 5)
         step      each step's score broadcast over its tokens           (step_prm.py)
         none      zeros (outcome-only baselines)
-    The student's log-probs are the old policy's (the sampler's). The sequence score is the signal's
-    sum over tokens; for step scores it is their mean over steps (more steps should not score higher)."""
+    The student's log-probs are the old policy's, at temperature 1 like the teacher's and the base's:
+    a log-ratio of two models at two temperatures is not OPD's (the official OPD and G-OPD code compares
+    them with the student's rollout log-probs at the sampling temperature: the same only at T = 1).
+    The sequence score is the signal's sum over tokens; for step scores it is their mean over steps
+    (more steps should not score higher)."""
     step_ids, losses, mask = None, [], b.mask
     if args.process == "implicit":
         online = args.prm_online and not (args.prm_freeze_step and step >= args.prm_freeze_step)
         signal, losses = implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d, update=online)
     elif args.process in ("opd", "gopd"):
         logp_teacher = logprobs_no_grad(models.teacher, b.ro, args)
+        logp_student = logp_old if args.temperature == 1.0 else logprobs_no_grad(unwrap(models.policy), b.ro, args)
         if args.process == "opd":
-            signal = pass_advantage.opd_signal(logp_teacher, logp_old) * mask
+            signal = pass_advantage.opd_signal(logp_teacher, logp_student) * mask
         else:  # logp_ref holds the frozen starting policy here: G-OPD's base
-            signal = pass_advantage.gopd_signal(logp_teacher, logp_ref, logp_old, args.gopd_lambda) * mask
+            signal = pass_advantage.gopd_signal(logp_teacher, logp_ref, logp_student, args.gopd_lambda) * mask
     elif args.process == "step":
         step_scores, step_ids = step_prm.step_scores_and_ids(models.step_scorer, models.tokenizer, b.questions,
                                                              b.texts, b.ro.response_ids, b.ro.response_mask)
@@ -302,16 +321,6 @@ def localization_sum(args: Args, b: Batch, signal, step_ids, first_wrong, d: Dis
                                       torch.where(wrong, first_wrong.to(d.device), -1))
 
 
-def toy_steps(args: Args, b: Batch, tokenizer):
-    """Embedded task only: the step of each response token (B, R) and the first step the exact
-    checker marks wrong (B,), -1 if none; (None, None) for --data."""
-    if args.data:
-        return None, None
-    scores, step_ids = step_prm.step_scores_and_ids(step_prm.ToyStepChecker(), tokenizer, b.questions, b.texts,
-                                                    b.ro.response_ids, b.ro.response_mask)
-    return step_ids, step_prm.first_wrong_steps(scores, step_ids)
-
-
 def warmup_prm(args: Args, models: Models, sampler, train_tasks, d: Dist) -> list[float]:
     """--prm-warmup-steps: train the implicit PRM on the STARTING policy's rollouts before RL.
 
@@ -327,7 +336,7 @@ def warmup_prm(args: Args, models: Models, sampler, train_tasks, d: Dist) -> lis
         texts, _, outcome = verify_rollouts(sampler, ro, tasks, args)
         sampler.sleep()  # --vllm-sleep: as in the loop, the engine sleeps through the PRM's update
         b, _ = kept_batch(ro, outcome, texts, tasks, args, d)
-        logp_ref = logprobs_no_grad(reference, b.ro, args, plan=update_plan(args, b, d, prm=True))
+        logp_ref = logprobs_no_grad(reference, b.ro, args, plan=b.prm_plan)
         log_ratio, _ = implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d)
         sampler.push_weights(unwrap(models.policy))  # the same policy: only wakes the engine
         accuracies.append(all_reduce(pairwise_accuracy_sum(log_ratio.sum(-1), b.outcome, b.n_train, args), d))
@@ -364,7 +373,7 @@ def advantages(args: Args, models: Models, b: Batch, process, signal, step_ids, 
     elif args.estimator == "prm-value":  # the PRM is the baseline here: only the outcome has a return
         adv = prime.prm_value_advantage(args.beta * signal, outcome, mask, args.outcome_gamma)
     elif args.estimator == "ppo":  # a learned critic: GAE over outcome (+ process) token rewards
-        old_values = values_no_grad(unwrap(models.critic), b.ro, args, update_plan(args, b, d))
+        old_values = values_no_grad(unwrap(models.critic), b.ro, args, b.plan)
         adv, returns = prime.gae_advantage(prime.token_rewards(process_in, outcome, mask), old_values,
                                            mask, args.process_gamma, args.gae_lambda)
     else:  # PASS
@@ -381,17 +390,14 @@ def advantages(args: Args, models: Models, b: Batch, process, signal, step_ids, 
 
 
 def needs_old_logprobs(args: Args, models: Models, ro: Rollout) -> bool:
-    """Whether pi_old's log-probs need a forward pass of their own before the updates.
-
-    With one optimizer step per batch (--mini-batches 1) the policy that takes the step IS the old
-    policy, so the update's own forward gives pi_old's log-probs: rho_t = 1 exactly in Eq. 6, as in
-    the first PPO epoch, and a separate pass would only compute the same numbers again (one forward
-    of eight in a default step). The pass is needed with several mini-batches (from the second one
-    on, the model is no longer the old policy), where the old policy is the PRM's reference
-    (--reference policy), where it is the student of OPD and G-OPD, and where another engine sampled
-    (vLLM: the rollout correction compares the two engines' log-probs before the update)."""
+    """Whether pi_old's log-probs need a forward pass of their own before the updates. With one
+    optimizer step per batch (--mini-batches 1) the policy that takes the step IS the old policy: the
+    update's own forward gives pi_old's log-probs (rho_t = 1 exactly in Eq. 6, the first PPO epoch).
+    The pass is needed with several mini-batches (from the second on, the model is no longer pi_old),
+    where pi_old is the PRM's reference (--reference policy at T = 1) or OPD's student, and where
+    another engine sampled (vLLM: the rollout correction compares the two engines' log-probs)."""
     return (args.mini_batches > 1 or args.process in ("opd", "gopd") or ro.sampler_logprobs is not None
-            or (args.process == "implicit" and models.reference is None))
+            or (args.process == "implicit" and models.reference is None and args.temperature == 1.0))
 
 
 def rollout_correction(args: Args, b: Batch, logp_old):
@@ -404,39 +410,40 @@ def rollout_correction(args: Args, b: Batch, logp_old):
     logp_rollout = b.ro.sampler_logprobs.to(logp_old.device)
     level, _, mode = args.rollout_correction.partition("-")
     level = "token" if level == "none" else level
-    seen = prime.rollout_mismatch(logp_old, logp_rollout, b.train_mask, level, args.rollout_correction_cap)
+    seen = prime.rollout_mismatch(logp_old, logp_rollout, b.train_mask, level, args.rollout_correction_cap, mode)
     if args.rollout_correction == "none":
         return None, seen
     return prime.rollout_is_weights(logp_old, logp_rollout, b.mask, level, mode, args.rollout_correction_cap), seen
 
 
-def update_policy(args: Args, models: Models, b: Batch, logp_old, adv, ppo_targets, is_weights, step: int, d: Dist):
+def update_policy(args: Args, models: Models, b: Batch, logp_old, adv, is_weights, d: Dist) -> list[float]:
     """Step 6, Eq. 6: one PPO-clip step of the policy per mini-batch (token mean), each token's loss
-    weighted by the rollout correction's `is_weights` (None: 1); with --estimator ppo, the critic's
-    clipped value loss on the same micro-batches. (policy losses, value losses), each step's loss,
-    the same on every rank."""
-    returns, old_values = ppo_targets
+    weighted by the rollout correction's `is_weights` (None: 1; a "band" mode also takes its masked
+    tokens out of the mean). Each step's loss, the same on every rank."""
+    mask = prime.band_mask(is_weights, b.mask) if args.rollout_correction.endswith("band") and is_weights is not None \
+        else b.mask
 
     def policy_loss_fn(mb: MicroBatch):
         logp = response_logprobs(models.policy, mb.rollout(b.ro), args.temperature)
         old = mb.of(logp_old) if logp_old is not None else logp.detach()  # see needs_old_logprobs
-        return prime.ppo_clip_loss(logp, old, mb.of(adv), mb.of(b.mask), args.clip_eps, args.dual_clip or None,
+        return prime.ppo_clip_loss(logp, old, mb.of(adv), mb.of(mask), args.clip_eps, args.dual_clip or None,
                                    mb.of(is_weights) if is_weights is not None else None)
+
+    n_tokens = lambda mb: float(mb.of(mask).sum())  # noqa: E731 (a token mean)
+    return run_update(models.policy, models.policy_opt, policy_loss_fn, n_tokens, b.plan, args, d,
+                      args.policy_grad_clip)
+
+
+def update_critic(args: Args, models: Models, b: Batch, ppo_targets, d: Dist) -> list[float]:
+    """--estimator ppo: the critic's clipped value loss (token mean) in the policy's micro-batches, each step's."""
+    returns, old_values = ppo_targets
 
     def value_loss_fn(mb: MicroBatch):
         return prime.value_loss(critic_values(models.critic, mb.rollout(b.ro)), mb.of(old_values), mb.of(returns),
                                 mb.of(b.mask), args.value_clip or None)
 
-    plan = update_plan(args, b, d)  # the same micro-batches for the policy and the critic
-    n_tokens = lambda mb: float(mb.of(b.mask).sum())  # noqa: E731 (both losses are token means)
-    policy_losses, value_losses = [], []
-    if step >= args.critic_warmup_steps:  # (PPO: frozen while the critic warms up)
-        policy_losses = run_update(models.policy, models.policy_opt, policy_loss_fn, n_tokens, plan, args, d,
-                                   args.policy_grad_clip)
-    if models.critic is not None:  # veRL clips the critic at 1.0 too
-        value_losses = run_update(models.critic, models.critic_opt, value_loss_fn, n_tokens, plan, args, d,
-                                  args.policy_grad_clip)
-    return policy_losses, value_losses
+    return run_update(models.critic, models.critic_opt, value_loss_fn, lambda mb: float(mb.of(b.mask).sum()),
+                      b.plan, args, d, args.policy_grad_clip)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -453,8 +460,7 @@ def main(argv=None):
     torch.manual_seed(args.seed + d.rank)
     random.seed(args.seed + d.rank)
     np.random.seed(args.seed + d.rank)
-    if d.device.type == "cpu":
-        # OMP_NUM_THREADS wins (e.g. 1 when several runs share a small machine), else the cores per rank
+    if d.device.type == "cpu":  # OMP_NUM_THREADS wins (1 when runs share a small machine), else the cores per rank
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // d.world)))
     run_dir = runlog.make_run_dir(args, d)
 
@@ -468,7 +474,7 @@ def main(argv=None):
     kinds = kinds if len(kinds) > 1 else []  # a file mixing math and code logs each kind's reward
     start_step = 0
     if args.resume:  # mapped into CPU memory, then into the models: before vLLM takes its share of the GPU
-        start_step = runlog.load_checkpoint(run_dir, models, d)
+        start_step = runlog.load_checkpoint(run_dir, models, d, offload_optimizer=args.offload_optimizer)
         if d.master:
             runlog.truncate_metrics(run_dir / "metrics.jsonl", start_step)
         print0(d, f"resumed {run_dir} at step {start_step}")
@@ -510,17 +516,16 @@ def main(argv=None):
         sampler.sleep()  # --vllm-sleep: sampling is done, the engine's GPU memory goes to the updates
         b, n_kept_groups = kept_batch(ro, outcome, texts, tasks, args, d)
         with timed(times, "policy"):  # old and reference log-probs, in the micro-batches of the updates they pair with
-            logp_old = logprobs_no_grad(unwrap(models.policy), b.ro, args, args.temperature, update_plan(args, b, d)) \
+            logp_old = logprobs_no_grad(unwrap(models.policy), b.ro, args, args.temperature, b.plan) \
                 if needs_old_logprobs(args, models, b.ro) else None  # else the update's own forward gives them
-            # App. B.1: with --reference policy the rollout policy is the reference
-            logp_ref = logprobs_no_grad(models.reference, b.ro, args, plan=update_plan(args, b, d, prm=True)) \
-                if models.reference is not None else logp_old
+            logp_ref = reference_logprobs(args, models, b, logp_old)
             is_weights, mismatch = rollout_correction(args, b, logp_old)  # vLLM sampled: pi_old / pi_vllm
 
         # 4. Process signal: the implicit PRM's rewards (Eq. 3) and its CE update (lines 7-8) ------
         with timed(times, "prm"):
             signal, sequence_score, step_ids, prm_losses = process_signal(args, models, b, logp_old, logp_ref, d, step)
-            step_ids_toy, first_wrong = toy_steps(args, b, tokenizer)
+            step_ids_toy, first_wrong = (None, None) if args.data else step_prm.toy_checker_steps(
+                tokenizer, b.questions, b.texts, b.ro)  # the embedded task's exact checker: where it went wrong
             localized, n_wrong = localization_sum(args, b, signal, step_ids_toy, first_wrong, d)
 
         # 5. Advantages, Eq. 5 (line 9), with the whole batch's statistics over all ranks ------------
@@ -529,18 +534,20 @@ def main(argv=None):
         adv, *ppo_targets = advantages(args, models, b, process, signal, step_ids, formats, d)
 
         # 6. PPO clip update of the policy, Eq. 6 (line 10), and the sampler's weights (line 11) ----
-        with timed(times, "policy"):
-            policy_losses, value_losses = update_policy(args, models, b, logp_old, adv, ppo_targets, is_weights,
-                                                        step, d)
+        with timed(times, "policy"):  # (PPO: the policy stays frozen while the critic warms up)
+            policy_losses = update_policy(args, models, b, logp_old, adv, is_weights, d) \
+                if step >= args.critic_warmup_steps else []
+            value_losses = update_critic(args, models, b, ppo_targets, d) if models.critic is not None else []
             sampler.push_weights(unwrap(models.policy))  # (wakes a sleeping engine)
 
         # 7. Log and checkpoint -----------------------------------------------------------------------
         prm_accuracy, prm_groups = pairwise_accuracy_sum(sequence_score, b.outcome, b.n_train, args)
-        sums = all_reduce({**runlog.step_counts(args, tasks, ro, scores, outcome, kinds), "kept_groups": n_kept_groups,
-                           "refill_draws": draws, "prm_accuracy": prm_accuracy, "prm_groups": prm_groups,
-                           "localized": localized, "wrong": n_wrong, "process_abs": (process.abs() * b.train_mask).sum().item(),
-                           "process_tokens": b.train_mask.sum().item(),
-                           **{k: v for k, v in mismatch.items() if k != "rho_max"}}, d)
+        sums = all_reduce(runlog.merge_counts(
+            runlog.step_counts(args, tasks, ro, scores, outcome, kinds),
+            {"kept_groups": n_kept_groups, "refill_draws": draws, "prm_accuracy": prm_accuracy, "prm_groups": prm_groups,
+             "localized": localized, "wrong": n_wrong, "process_abs": (process.abs() * b.train_mask).sum().item(),
+             "process_tokens": b.train_mask.sum().item()},
+            {k: v for k, v in mismatch.items() if k != "rho_max"}), d)
         if mismatch:
             sums["rho_max"] = all_reduce_max([mismatch["rho_max"]], d)[0]
         kept_per_rank = all_reduce([n_kept_groups if r == d.rank else 0 for r in range(d.world)], d)
@@ -562,7 +569,7 @@ def main(argv=None):
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             runlog.save_checkpoint(run_dir, step + 1, models, d, keep=args.keep_checkpoints)
         if step == start_step and d.device.type == "cuda":  # the up-front estimate against the first step
-            print0(d, memory_line(unwrap(models.policy), args, torch.cuda.max_memory_allocated(d.device) / 1e9))
+            print0(d, memory_line(unwrap(models.policy), args, measured_memory(d.device)))
         for k in phase_totals:
             phase_totals[k] += times[k]
         phase_totals["other"] += (time.time() - t_step) - sum(times.values())  # + writing, checkpoint
@@ -587,7 +594,6 @@ def main(argv=None):
         sampler.close()  # vLLM's shutdown destroys its process groups, the default one included
     close(d)  # whenever a group was made (torchrun with one rank too), and vLLM did not already
     return run_dir
-
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ train mode, checkpointing, the fp32 head under bf16), on a batch of rows at the 
 and response (the micro-batch the estimate sizes), with fixed rows and a token budget, checkpointing
 on and off, fp32 and bf16, and once under DDP (a gloo group of one)."""
 
+import dataclasses
 import socket
 import sys
 from pathlib import Path
@@ -59,11 +60,12 @@ def measured(args, d=None):
     policy = ddp.unwrap(m.policy)
     b = full_batch(8, policy.config.vocab_size, 1 if args.max_tokens_per_micro_batch else PROMPT)
     adv = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(1)) * b.mask
-    train.update_policy(args, m, b, None, adv, (None, None), None, 0, d)  # AdamW's state exists after this
+    b = train.with_plans(b, args, d)
+    train.update_policy(args, m, b, None, adv, None, d)  # AdamW's state exists after this
     state = sum(t.numel() * t.element_size() for p in policy.parameters()
                 for t in [p, p.grad, *m.policy_opt.state[p].values()] if t is not None and t.dim())
     with LiveBytes() as tracked:
-        train.update_policy(args, m, b, None, adv, (None, None), None, 1, d)
+        train.update_policy(args, m, b, None, adv, None, d)
     n = sum(p.numel() for p in policy.parameters())
     est = {k: v * 1e9 for k, v in models.memory_estimate_gb(n, args, policy.config, cuda=False).items()}
     wrapped = isinstance(m.policy, torch.nn.parallel.DistributedDataParallel)
@@ -116,3 +118,62 @@ def test_the_estimate_holds_under_ddp(qwen_path):
         import gc
         gc.collect()  # no DDP model may outlive the group (pytorch#56297)
         dist.destroy_process_group()
+
+
+# The models the README names for the 1.5b preset, from their published config.json: one shape, tied
+# (Qwen2.5-1.5B, Qwen2.5-Math-1.5B, whose max_position_embeddings 4096 holds the preset's 1024 + 3072)
+# or untied (DeepSeek-R1-Distill-Qwen-1.5B: its own output layer, 233M parameters more).
+QWEN2_1_5B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                  num_attention_heads=12, num_key_value_heads=2)
+NAMED_1_5B = {"DeepSeek-R1-Distill-Qwen-1.5B": dict(tie_word_embeddings=False, max_position_embeddings=131072),
+              "Qwen2.5-1.5B": dict(tie_word_embeddings=True, max_position_embeddings=131072),
+              "Qwen2.5-Math-1.5B": dict(tie_word_embeddings=True, max_position_embeddings=4096)}
+
+
+@pytest.mark.parametrize("name", NAMED_1_5B)
+def test_the_1_5b_preset_fits_80gb_on_each_named_model(name):
+    """`torchrun --nproc_per_node=8 train.py --model NAME --preset 1.5b` on 80 GB cards, by the estimate
+    check_memory makes on a GPU (bf16, vLLM colocated at its share of 80 GB, 8 ranks), the process's
+    terms beyond tensors included. Without --offload-optimizer the untied model would not fit."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    shape = Qwen2Config(**QWEN2_1_5B, **NAMED_1_5B[name])
+    with torch.device("meta"):
+        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(shape).parameters())
+    tied = shape.tie_word_embeddings
+    assert n == (1_543_714_304 if tied else 1_777_088_000)
+    args = config.parse_args(["--preset", "1.5b", "--rollout", "vllm", "--precision", "bf16"])
+    assert args.offload_optimizer and args.vllm_sleep and args.max_prompt_len + args.max_response_len <= \
+        shape.max_position_embeddings
+    est = models.memory_estimate_gb(n, args, shape, gpu_gb=80.0, world=8)
+    print(f"{name}: {est['total']:.2f} GB")
+    assert est["total"] <= 80.0
+    beyond = {k: v for k, v in est.items() if k.startswith("beyond tensors")}
+    assert beyond == {"beyond tensors: CUDA context and library workspaces": models.CUDA_CONTEXT_GB,
+                      "beyond tensors: NCCL buffers (2 groups of 8 ranks)": 2 * models.NCCL_GB_PER_GROUP,
+                      "beyond tensors: vLLM's CUDA-graph pool (kept through sleep)": models.VLLM_GRAPHS_GB}
+    # the parts add up: the state, the largest phase with the allocator's 10%, then what is beyond tensors
+    state = sum(v for k, v in est.items() if k.startswith(("policy", "prm", "reference")))
+    largest = max(v for k, v in est.items() if k.startswith("phase:"))
+    assert est["total"] == pytest.approx(1.1 * (state + largest) + sum(beyond.values()))
+    assert est["phase: update"] > est["phase: sampling (vLLM's share, evaluation included)"]  # the binding phase
+    kept = models.memory_estimate_gb(n, dataclasses.replace(args, offload_optimizer=False), shape, gpu_gb=80.0, world=8)
+    # kept on the GPU: both models' moments in the state (2 x 8 bytes a parameter), none added to an update
+    kept_state = sum(v for k, v in kept.items() if k.startswith(("policy", "prm", "reference")))
+    assert kept_state - state == pytest.approx(16 * n / 1e9, rel=1e-9)
+    assert est["phase: update"] - kept["phase: update"] == pytest.approx(8 * n / 1e9, rel=1e-9)
+    assert tied or kept["total"] > 80.0
+
+
+def test_offloading_moves_the_moments_and_leaves_the_step_counts():
+    """runlog.optimizer_state_to moves what has a size (exp_avg, exp_avg_sq: 8 bytes a parameter) and
+    leaves AdamW's 0-dim step counts where the optimizer keeps them; here the target is the meta
+    device, which only a move could put a tensor on."""
+    import runlog
+    layer = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(layer.parameters(), lr=0.1)
+    layer(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    runlog.optimizer_state_to(opt, "meta")
+    for state in opt.state.values():
+        assert state["exp_avg"].is_meta and state["exp_avg_sq"].is_meta
+        assert not state["step"].is_meta and state["step"].item() == 1

@@ -3,6 +3,7 @@ padding, and a loss that does not depend on the split (--loss-mean global) in on
 DDP. Gradients are read off a real optimizer step: SGD with lr 1 moves each parameter by minus its
 gradient, checked in float64 (and float32, the CPU training dtype) against autograd of the whole batch in one forward."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -267,7 +268,8 @@ def test_prm_update_and_rewards_do_not_depend_on_the_split(toy_batch, prm_loss):
                 p.add_(0.02 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
         start = [p.detach().clone() for p in prm.parameters()]
         args = config.Args(**{"n_samples": 2, "prm_loss": prm_loss, "beta": 0.5, "max_tokens_per_micro_batch": 0, **flags})
-        batch = train.Batch(b["ro"], b["outcome"].double(), b["mask"], None, [], [], len(b["ro"]), len(b["ro"]))
+        batch = train.with_plans(train.Batch(b["ro"], b["outcome"].double(), b["mask"], None, [], [], len(b["ro"]),
+                                             len(b["ro"])), args, ddp.Dist())
         rewards, losses = train.implicit_prm_step(prm, torch.optim.SGD(prm.parameters(), lr=1.0), batch, logp_ref,
                                                   args, ddp.Dist())
         results.append(([p.detach() - s for p, s in zip(prm.parameters(), start)], rewards, losses))
@@ -401,11 +403,17 @@ def test_memory_estimate_arithmetic_by_hand():
     logits = 2 * 1204 * 1000 * 4 + 2 * 301 * 1000 * 4
     assert est["  update: logits and their gradient"] == pytest.approx(logits / 1e9)
     assert est["  update: autocast's bf16 weight copies"] == 0.0
+    head = 1000 * 64 * 4  # the output layer's fp32 weight gradient before it reaches .grad
+    assert est["  update: the output layer's gradient before its bucket"] == pytest.approx(head / 1e9)
     # sampling: HF generate's KV cache, 32 sequences x 400 tokens x 3 layers x (k, v) x 2 heads x 16, fp32
     assert est["phase: sampling (HF generate's KV cache)"] == pytest.approx(32 * 400 * 3 * 2 * 32 * 4 / 1e9)
-    update = (3 * layer + once + logits) / 1e9
+    update = (3 * layer + once + logits + head) / 1e9
     assert est["phase: update"] == pytest.approx(update)
-    assert est["total"] == pytest.approx(1.1 * (0.072 + update))
+    # on a GPU (cuda=True, the default) one rank without NCCL or vLLM holds its CUDA context beside the tensors
+    assert est["beyond tensors: CUDA context and library workspaces"] == models.CUDA_CONTEXT_GB
+    assert est["total"] == pytest.approx(1.1 * (0.072 + update) + models.CUDA_CONTEXT_GB)
+    assert models.memory_estimate_gb(n, args, shape, cuda=False)["total"] == pytest.approx(
+        1.1 * (0.072 + max(update, 2 * 0.008)))  # CPU: foreach AdamW's temporaries, nothing beyond tensors
     # a token budget of 1000 with checkpointing in bf16, the reference the old policy: each layer keeps
     # its input (64 fp32), the peak is the larger of the logits and one recomputed layer; bf16 weight
     # copies of every decoder weight (the tied embedding is the head, kept fp32)
@@ -422,16 +430,26 @@ def test_memory_estimate_arithmetic_by_hand():
     assert est["  update: autocast's bf16 weight copies"] == pytest.approx(2 * (n - 1000 * 64) / 1e9)
     # vLLM's share (0.5 of 0.2 GB) beside the update, which it does not sleep through
     assert est["phase: update beside vLLM's share"] == pytest.approx(
-        (3 * 1000 * 64 * 4 + once + max(logits, layer) + 2 * (n - 64000)) / 1e9 + 0.1)
+        (3 * 1000 * 64 * 4 + once + max(logits, layer) + 2 * (n - 64000) + head) / 1e9 + 0.1)
+    assert est["beyond tensors: vLLM's CUDA-graph pool (kept through sleep)"] == models.VLLM_GRAPHS_GB
+    # 8 ranks: NCCL's buffers for DDP's group and vLLM's; --offload-optimizer: 8 bytes a parameter leave the
+    # state, and the updating model's moments join its update
+    off = models.memory_estimate_gb(n, dataclasses.replace(args, offload_optimizer=True), shape, gpu_gb=0.2, world=8)
+    assert off["beyond tensors: NCCL buffers (2 groups of 8 ranks)"] == 2 * models.NCCL_GB_PER_GROUP
+    assert off["policy (weights, grads; AdamW on the CPU)"] == off["prm (weights, grads; AdamW on the CPU)"] == \
+        pytest.approx(0.016)
+    assert off["  update: its AdamW moments, back on the GPU"] == pytest.approx(0.016)
 
 
 def test_the_first_steps_memory_line_puts_the_estimate_beside_the_measured_peak(cache_dir):
-    """(train.py prints it on a GPU; the arithmetic is the same here.)"""
+    """(train.py prints it on a GPU with models.measured_memory's figures; the arithmetic is the same here.)"""
     from transformers import AutoModelForCausalLM
     policy = AutoModelForCausalLM.from_pretrained(toy_task.sft_checkpoint(cache_dir, SFT_STEPS))
     args = config.Args(rollout="hf")
-    est = models.memory_estimate_gb(sum(p.numel() for p in policy.parameters()), args, policy.config)["total"]
-    assert models.memory_line(policy, args, 1.234) == (f"memory per GPU after the first step: estimated {est:.2f} GB "
-                                                      "(allocator margin included), measured 1.23 GB "
-                                                      "(torch.cuda.max_memory_allocated)")
+    est = models.memory_estimate_gb(sum(p.numel() for p in policy.parameters()), args, policy.config, 80.0)["total"]
+    measured = {"allocated": 1.234, "reserved": 1.5, "device": 2.75, "device_total": 80.0}
+    assert models.memory_line(policy, args, measured) == (
+        f"memory per GPU after the first step: estimated {est:.2f} GB (1.00 of it beyond tensors, the allocator's "
+        "margin included); the allocator's peaks 1.23 GB allocated, 1.50 GB reserved; the device in use now 2.75 "
+        "of 80.00 GB (torch.cuda.mem_get_info)")
 

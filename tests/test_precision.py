@@ -51,7 +51,8 @@ def test_first_mini_batch_reward_is_exactly_zero_and_ratio_exactly_one(precision
     models = models_module.build_models(args, d)
     b = batch_of(args, models)
     b.outcome, b.mask = b.outcome.to(d.device), b.mask.to(d.device)
-    prm_plan = train.update_plan(args, b, d, prm=True)
+    b = train.with_plans(b, args, d)
+    prm_plan = b.prm_plan
     first = torch.cat([mb.rows for mb in prm_plan[0]])
     logp_ref = microbatch.logprobs_no_grad(models.reference, b.ro, args, plan=prm_plan)
     reward, _ = train.implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d)
@@ -63,13 +64,37 @@ def test_first_mini_batch_reward_is_exactly_zero_and_ratio_exactly_one(precision
     ppo_clip_loss = prime.ppo_clip_loss
     monkeypatch.setattr(prime, "ppo_clip_loss", lambda logp, old, *a, **k: (
         ratios.append((logp.detach() - old).abs().max().item()), ppo_clip_loss(logp, old, *a, **k))[1])
-    plan = train.update_plan(args, b, d)
+    plan = b.plan
     logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.ro, args, args.temperature, plan)
     adv = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(1)).to(d.device) * b.mask
-    train.update_policy(args, models, b, logp_old, adv, (None, None), None, 0, d)
+    train.update_policy(args, models, b, logp_old, adv, None, d)
     n_first = len(plan[0])
     assert ratios[:n_first] == [0.0] * n_first, ratios
     assert max(ratios[n_first:]) > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_with_the_policy_as_reference_the_first_reward_is_exactly_zero_at_any_temperature(precision, device,
+                                                                                          cache_dir):
+    """--reference policy samples at T = 0.7: Eq. 3 compares the PRM and the reference at one temperature,
+    1, so the reward of the first mini-batch is exactly 0 (pi_old's log-probs at 0.7, which the PPO ratio
+    uses, would give log pi(y) - log pi_0.7(y), not 0), while the ratio's own pi_old stays at 0.7."""
+    args = config.parse_args(["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--precision", precision,
+                              "--mini-batches", "2", "--rollout", "hf", "--reference", "policy", "--temperature", "0.7",
+                              "--max-tokens-per-micro-batch", "160"])
+    d = ddp.Dist(device=torch.device(device))
+    models = models_module.build_models(args, d)
+    assert models.reference is None
+    b = batch_of(args, models)
+    b.outcome, b.mask = b.outcome.to(d.device), b.mask.to(d.device)
+    b = train.with_plans(b, args, d)
+    logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.ro, args, args.temperature, b.plan)
+    logp_ref = train.reference_logprobs(args, models, b, logp_old)
+    first = torch.cat([mb.rows for mb in b.prm_plan[0]])
+    assert (logp_ref - logp_old)[first].abs().max().item() > 1e-3  # two temperatures: not the same numbers
+    reward, _ = train.implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d)
+    assert reward[first].abs().max().item() == 0.0
 
 
 def test_bf16_log_probs_and_gradient_agree_with_fp32_within_the_bound(cache_dir):
@@ -121,7 +146,7 @@ def test_paired_layout_is_the_updates_micro_batches_then_the_rest(cache_dir):
     models = models_module.build_models(args, d)
     b = batch_of(args, models)
     b.n_prm = 12  # the PRM learns from the first 12 rows (e.g. --prm-groups mixed)
-    plan = train.update_plan(args, b, d, prm=True)
+    plan = train.with_plans(b, args, d).prm_plan
     layout = microbatch.paired_layout(b.ro, args, plan)
     rows = [mb.rows.tolist() for mb in layout]
     assert rows[:sum(len(s) for s in plan)] == [mb.rows.tolist() for s in plan for mb in s]

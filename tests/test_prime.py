@@ -485,6 +485,9 @@ def correction_batch():
     ("token", "mask", [[math.exp(0.5), math.exp(-1.0), 1.0], [0.0, 1.0, 0.0]]),  # e^1.1 = 3.0 > 2: masked
     ("sequence", "truncate", [[math.exp(-0.5)] * 3, [2.0, 2.0, 0.0]]),  # row sums -0.5 and 1.1
     ("sequence", "mask", [[math.exp(-0.5)] * 3, [0.0, 0.0, 0.0]]),
+    # IcePop / veRL's mask: outside [1/2, 2] -> 0 on both sides: e^-1.0 = 0.37 < 0.5 and e^1.1 = 3.0 > 2
+    ("token", "band", [[math.exp(0.5), 0.0, 1.0], [0.0, 1.0, 0.0]]),
+    ("sequence", "band", [[math.exp(-0.5)] * 3, [0.0, 0.0, 0.0]]),  # e^-0.5 = 0.61 is inside the band
 ])
 def test_rollout_is_weights_by_hand_on_ragged_rows(level, mode, expected):
     old, rollout, mask = correction_batch()
@@ -515,12 +518,31 @@ def test_rollout_mismatch_by_hand():
     old, rollout, mask = correction_batch()
     token = prime.rollout_mismatch(old, rollout, mask, "token", cap=2.0)
     assert token["abs_logp_diff"] == pytest.approx(0.5 + 1.0 + 0.0 + 1.1 + 0.0, rel=1e-6)
-    assert token["tokens"] == 5 and token["units"] == 5 and token["over_cap"] == 1
+    assert token["mismatch_tokens"] == 5 and token["units"] == 5 and token["over_cap"] == 1
     assert token["rho_max"] == pytest.approx(math.exp(1.1), rel=1e-6)
     sequence = prime.rollout_mismatch(old, rollout, mask, "sequence", cap=2.0)
     assert sequence["units"] == 2 and sequence["over_cap"] == 1
     assert sequence["rho_max"] == pytest.approx(math.exp(1.1), rel=1e-6)
     assert sequence["abs_logp_diff"] == token["abs_logp_diff"]  # always per token
+    # the band mode counts what falls below 1/cap too: token rho e^-1.0 = 0.37 < 0.5 (and e^1.1 above 2)
+    assert prime.rollout_mismatch(old, rollout, mask, "token", cap=2.0, mode="band")["over_cap"] == 2
+    assert prime.rollout_mismatch(old, rollout, mask, "sequence", cap=2.0, mode="band")["over_cap"] == 1
+
+
+def test_band_mask_takes_the_masked_tokens_out_of_the_token_mean():
+    """veRL's mask mode (IcePop) drops a token from the loss's denominator as well as its numerator;
+    TRL's keeps it there with weight 0. One row, weights [e^0.5, 0 (masked), 1]: the band's mask keeps
+    2 tokens, so with advantages [1, 5, 3] at ratio 1 the loss is -(e^0.5 * 1 + 1 * 3) / 2, against TRL's
+    -(e^0.5 + 3) / 3."""
+    old, rollout, mask = correction_batch()
+    w = prime.rollout_is_weights(old, rollout, mask, "token", "band", cap=2.0)
+    band = prime.band_mask(w, mask)
+    torch.testing.assert_close(band, torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]))
+    logp, adv = torch.zeros(1, 3), torch.tensor([[1.0, 5.0, 3.0]])
+    loss = prime.ppo_clip_loss(logp, logp, adv, band[:1], 0.2, None, w[:1])
+    assert loss.item() == pytest.approx(-(math.exp(0.5) + 3.0) / 2, rel=1e-6)
+    trl = prime.ppo_clip_loss(logp, logp, adv, mask[:1], 0.2, None, w[:1])
+    assert trl.item() == pytest.approx(-(math.exp(0.5) + 3.0) / 3, rel=1e-6)
 
 
 def test_ppo_clip_loss_token_weights_scale_each_tokens_loss_by_hand():

@@ -173,6 +173,66 @@ def test_torchrun_two_ranks_with_uneven_filtering(cache_dir, tmp_path):
     assert any(m["kept_groups_per_rank"][0] != m["kept_groups_per_rank"][1] for m in metrics), metrics
 
 
+def test_no_episodes_finishes_on_one_and_on_two_ranks_and_cpu_prints_no_gpu_estimate(cache_dir, tmp_path):
+    """--episodes-per-step 0 writes no episodes.jsonl: the run still draws its curves and exits 0, on one
+    rank and under torchrun on two (where rank 0 failing at the end left the other at the barrier). A
+    CPU run makes no GPU's memory report (check_memory speaks for a GPU, or for --max-memory-gb)."""
+    flags = ["--steps", "1", "--episodes-per-step", "0", "--eval-problems", "8"]
+    runs = {1: start_train([*flags, "--run-name", "one"], cache_dir, tmp_path),
+            2: start_train([*flags, "--run-name", "two"], cache_dir, tmp_path, torchrun=2)}
+    for ranks, proc in runs.items():
+        done = finish(proc)
+        assert done.returncode == 0, (ranks, done.stderr[-3000:])
+        run_dir = tmp_path / ("one" if ranks == 1 else "two")
+        assert (run_dir / "summary.json").exists() and (run_dir / "curves.png").exists()
+        assert not (run_dir / "episodes.jsonl").exists()
+        assert "memory estimate" not in done.stdout + done.stderr
+
+
+def test_a_steps_counts_refuse_two_parts_with_one_name():
+    """train.py sums a step's counts over ranks from several parts (the sampled responses', the kept
+    batch's, the rollout correction's): a name two parts share would let the second silently win, as
+    the rollout correction's token count once replaced the responses' and made response_length wrong."""
+    args = config.Args(n_samples=2)
+    from rollout import Rollout
+    ro = Rollout(  # 2 responses of 3 and 1 tokens
+        torch.ones(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long), torch.ones(2, 3, dtype=torch.long),
+        torch.tensor([[1, 1, 1], [1, 0, 0]]), torch.zeros(2, dtype=torch.bool))
+    counts = runlog.step_counts(args, [data.Task([1], "1", "math", "q")], ro, [], torch.tensor([1.0, 0.0]), [])
+    mismatch = prime.rollout_mismatch(torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([[1.0, 0.0]]))
+    merged = runlog.merge_counts(counts, mismatch)
+    assert merged["tokens"] == 4 and merged["mismatch_tokens"] == 1  # each keeps its own count
+    with pytest.raises(AssertionError, match="tokens"):
+        runlog.merge_counts(counts, {"tokens": 1})
+
+
+def test_opd_and_gopd_compare_the_teacher_with_the_student_at_one_temperature(cache_dir):
+    """The teacher (and G-OPD's base) score at temperature 1; the student must too, not at the sampling
+    temperature. With teacher = base = student (all the SFT checkpoint), OPD's signal is exactly 0 and
+    G-OPD's is 0 to round-off at T = 0.7, where the student's log-probs at 0.7 would differ by > 1e-2."""
+    path = str(toy_task.sft_checkpoint(cache_dir, SFT_STEPS))
+    d = ddp.Dist()
+    for process in ("opd", "gopd"):
+        args = config.parse_args(["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--process", process,
+                                  "--teacher", path, "--temperature", "0.7", "--rollout", "hf", "--n-samples", "2"])
+        models = train.build_models(args, d)
+        torch.manual_seed(0)
+        tokenizer = models.tokenizer
+        ro = HFRollout(ddp.unwrap(models.policy), tokenizer, 48, temperature=0.7).generate(
+            [tokenizer(p.prompt)["input_ids"] for p in toy_task.make_problems(3, seed=8)], n=2)
+        b = train.with_plans(train.Batch(ro, torch.tensor([1.0, 0.0] * 3), ro.response_mask.float(), torch.arange(6),
+                                         [""] * 6, [""] * 6, 6, 6), args, d)
+        logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.ro, args, args.temperature, b.plan)
+        logp_ref = train.reference_logprobs(args, models, b, logp_old)
+        signal, *_ = train.process_signal(args, models, b, logp_old, logp_ref, d, 0)
+        at_sampling_temperature = (microbatch.logprobs_no_grad(models.teacher, b.ro, args) - logp_old) * b.mask
+        assert at_sampling_temperature.abs().max().item() > 1e-2, process
+        if process == "opd":
+            assert signal.abs().max().item() == 0.0
+        else:
+            assert signal.abs().max().item() < 1e-5
+
+
 def free_port() -> int:
     import socket
     with socket.socket() as sock:
@@ -349,7 +409,8 @@ TEACHER = ["--teacher-sft-steps", str(toy_task.TEACHER_SFT_STEPS)]
 @pytest.mark.parametrize("flags", [
     ["--estimator", "grpo"], ["--estimator", "reinforce"], ["--estimator", "prm-value"],
     ["--estimator", "pass"], ["--estimator", "pass", "--process", "none"], ["--process", "none"],
-    ["--reference", "policy"], ["--prm-update", "before"], ["--prm-loss", "dpo"],
+    ["--reference", "policy"], ["--reference", "policy", "--temperature", "0.7"], ["--offload-optimizer"],
+    ["--prm-update", "before"], ["--prm-loss", "dpo"],
     ["--rloo-form", "paper", "--process-norm", "beta"], ["--gradient-checkpointing", "--mini-batches", "2"],
     ["--filter-truncated", "--filter-low", "0", "--filter-high", "1"],
     ["--prm-warmup-steps", "2", "--no-prm-online"], ["--prm-warmup-steps", "1", "--reference", "policy"],
@@ -571,12 +632,12 @@ def test_prm_learns_from_its_rows_only_and_rewards_the_rest_from_the_same_prm(ca
 
     prm, opt = fresh()
     before = microbatch.logprobs_no_grad(prm, ro, args)
-    rewards, losses = train.implicit_prm_step(prm, opt, train.Batch(ro, outcome, mask, None, [], [], 6, 2), logp_ref,
-                                              args, d)
+    rewards, losses = train.implicit_prm_step(prm, opt, train.with_plans(train.Batch(ro, outcome, mask, None, [], [], 6, 2),
+                                                                         args, d), logp_ref, args, d)
     alone, opt_alone = fresh()
     first = ro.select(slice(0, 2))
-    train.implicit_prm_step(alone, opt_alone, train.Batch(first, outcome[:2], mask[:2], None, [], [], 2, 2),
-                            logp_ref[:2], args, d)
+    train.implicit_prm_step(alone, opt_alone, train.with_plans(train.Batch(first, outcome[:2], mask[:2], None, [], [], 2, 2),
+                                                               args, d), logp_ref[:2], args, d)
     for a, b in zip(prm.parameters(), alone.parameters()):
         assert torch.equal(a, b)
     assert len(losses) == 1 and any(not torch.equal(a, b) for a, b in zip(prm.parameters(), ref.parameters()))
@@ -597,14 +658,14 @@ def test_one_update_per_batch_takes_the_old_logprobs_from_its_own_forward(cache_
     mask = ro.response_mask.double()
     adv = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * mask
     args = config.parse_args(["--n-samples", "2", "--micro-batch-size", "4", "--temperature", "0.7"])
-    b = train.Batch(ro, torch.zeros(6), mask, None, [], [], 6, 6)
+    b = train.with_plans(train.Batch(ro, torch.zeros(6), mask, None, [], [], 6, 6), args, ddp.Dist())
     steps = []
     for recompute in (True, False):
         policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
         models = train.Models(path, tokenizer, policy, torch.optim.SGD(policy.parameters(), lr=1.0))
         start = [p.detach().clone() for p in policy.parameters()]
         logp_old = microbatch.logprobs_no_grad(policy, ro, args, args.temperature) if recompute else None
-        losses, _ = train.update_policy(args, models, b, logp_old, adv, (None, None), None, 0, ddp.Dist())
+        losses = train.update_policy(args, models, b, logp_old, adv, None, ddp.Dist())
         steps.append(([p.detach() - s for p, s in zip(policy.parameters(), start)], losses))
     (with_pass, loss_with), (without, loss_without) = steps
     assert max(d.abs().max().item() for d in with_pass) > 1e-3  # a real step

@@ -60,9 +60,12 @@ def run(saved: dict, d: ddp.Dist) -> dict:
             critic_start = [p.detach().clone() for p in critic.parameters()]
             models.critic = ddp.wrap_ddp(critic, d)
             models.critic_opt = torch.optim.SGD(models.critic.parameters(), lr=1.0)
+        batch = train.with_plans(batch, args, d)
         process = train.process_rewards(args, signal, None, batch.train_mask, batch.outcome, d)
         adv, *targets = train.advantages(args, models, batch, process, signal, None, formats, d)
-        train.update_policy(args, models, batch, None, adv, targets, None, 0, d)
+        train.update_policy(args, models, batch, None, adv, None, d)
+        if models.critic is not None:
+            train.update_critic(args, models, batch, targets, d)
         results[name] = dict(rows=rows, adv=adv.detach(),
                              policy_delta=[p.detach() - s for p, s in zip(policy.parameters(), start)],
                              critic_delta=[p.detach() - s for p, s in zip(ddp.unwrap(models.critic).parameters(),
