@@ -166,13 +166,15 @@ def make_sampler(args, tokenizer, max_new_tokens: int):
 
 
 def sample_and_score(sampler, prompt_ids: list[list[int]], answers: list[str], kinds: list[str], n: int = 1,
-                     greedy: bool = False, math_grader: str = "math-verify"):
-    """n responses per prompt (greedy: one), each scored against its problem's answer by verify.py:
+                     greedy: bool = False, math_grader: str = "math-verify", questions: list[str] | None = None):
+    """n responses per prompt (greedy: one), each scored against its problem's answer (and, given its
+    `questions`, refused where it only restates one: verify.restated) by verify.py:
     (rollout, texts, scores), the n samples of a prompt in consecutive rows. The one evaluator behind
     both the benchmarks (`evaluate`) and train.py's held-out accuracy (`heldout_accuracy`)."""
     rollout = sampler.generate(prompt_ids, n=n, greedy=greedy)
     texts = sampler.decode(rollout)
     scores = verify.score_batch(texts, [a for a in answers for _ in range(n)], [k for k in kinds for _ in range(n)],
+                                questions=[q for q in questions for _ in range(n)] if questions else None,
                                 math_grader=math_grader)
     return rollout, texts, scores
 
@@ -195,7 +197,7 @@ def heldout_accuracy(sampler, tasks: list[Task], args, d: Dist, samples: int = 0
             torch.manual_seed(args.seed * 7919 + d.rank)
             _, _, scores = sample_and_score(sampler, [t.prompt_ids for t in mine], [t.answer for t in mine],
                                             [t.kind for t in mine], n, greedy=not samples,
-                                            math_grader=args.math_grader)
+                                            math_grader=args.math_grader, questions=[t.text for t in mine])
         correct = sum(s.reward for s in scores) / n
     total, count = all_reduce([correct, len(mine)], d)
     return total / max(count, 1)
@@ -249,7 +251,7 @@ def evaluate(name: str, items: list[Item], sampler, tokenizer, n: int, greedy: b
             chunk = items[first:first + per_call]
             rollout, texts, scores = sample_and_score(sampler, [ids for ids, _ in prompts[first:first + per_call]],
                                                       [item.gold for item in chunk], ["math"] * len(chunk), n,
-                                                      greedy, math_grader)
+                                                      greedy, math_grader, [item.question for item in chunk])
             chunk_lengths = rollout.response_mask.sum(-1).tolist()
             for j, item in enumerate(chunk):  # rows j*n .. j*n+n-1 are this problem's samples
                 rows = slice(j * n, (j + 1) * n)

@@ -96,9 +96,8 @@ def step_prompts(args: Args, train_tasks: list[Task], tokenizer, step: int, d: D
 def verify_rollouts(sampler, ro: Rollout, tasks: list[Task], args: Args):
     """(decoded texts, verify.Score per response, outcome r_o as a (B,) float tensor)."""
     texts = sampler.decode(ro)
-    scores = verify.score_batch(texts, [task.answer for task in tasks for _ in range(args.n_samples)],
-                                [task.kind for task in tasks for _ in range(args.n_samples)],
-                                math_grader=args.math_grader)
+    each = lambda field: [getattr(task, field) for task in tasks for _ in range(args.n_samples)]  # noqa: E731
+    scores = verify.score_batch(texts, each("answer"), each("kind"), questions=each("text"), math_grader=args.math_grader)
     return texts, scores, torch.tensor([s.reward for s in scores], dtype=torch.float32)
 
 

@@ -4,7 +4,8 @@ The verifier is PRIME's only ground truth: every outcome reward r_o, every impli
 every filter decision comes from here. So it must be right, it must never hang, and nothing a model
 writes may crash the training loop. Public API (train.py, eval.py and the tests use these names):
 
-    score_batch(responses, references, kinds, *, timeout=5.0, workers=None, math_grader="math-verify")
+    score_batch(responses, references, kinds, *, questions=None, timeout=5.0, workers=None,
+                math_grader="math-verify")
         Score(reward, format, reason): reward in [0, 1] (0/1 for math and QA, the fraction of tests
         passed for code), format 0/1 (a separate channel; PASS fuses it), reason "ok", "wrong",
         "no_boxed", "timeout", "error: ...", ...
@@ -44,10 +45,12 @@ Design
      no box ("The final answer is $10,455$"). `\\fbox` is read as `\\boxed`. Reason "no_answer" when
      it finds nothing. A hedge such as `\\boxed{4} \\boxed{5}` (boxes close together) reads as {4, 5}
      and is wrong. When that reading is wrong, a gold that is a list of two or more values is also
-     compared with every box of the response read together ("x = \\boxed{0}, x = \\boxed{-1}, and
-     x = \\boxed{2}" for "0, -1, 2"; a leading "x =" inside a box dropped): in any order, but the same
-     elements, so an extra or a missing box scores 0. Digits grouped in threes by a space or a thin
-     space read as one number ("1 000", "1\\,000"; "1, 000" stays a list).
+     compared with the boxes that end the response standing together (final_boxes: "x = \\boxed{0},
+     x = \\boxed{-1}, and x = \\boxed{2}" for "0, -1, 2"; a leading "x =" inside a box dropped): in any
+     order, but the same elements, so an extra or a missing box scores 0, and a box the response
+     rejects in words before its last ("\\boxed{-2}, but -2 fails, so \\boxed{3}") is not read. Digits
+     grouped in threes by a space or a thin space read as one number ("1 000", "1\\,000"; "1, 000"
+     stays a list).
      A response whose last box is never closed was cut off while writing its answer: it scores 0
      ("unclosed_boxed") under both graders, so no intermediate value ("9-9=0" in a toy chain whose
      gold is 0) is read in its place. A response with no box at all is read wherever math-verify
@@ -55,9 +58,12 @@ Design
    - "official" (PRIME-RL's rule, for exact fidelity to the paper's runs): only the LAST
      `\\boxed{}`/`\\fbox{}`, braces matched, is the answer ("no_boxed", "unclosed_boxed",
      "empty_boxed" otherwise), then parsed as a box's content.
-   On tests/math_equivalence_cases.py (332 labelled cases from public graders' test suites) the
-   math-verify reading agrees with the label on 325 (97.9%), the official rule on 200 (60.2%, most
-   misses are answers outside a box); on the 174 cases with exactly one box both agree on 170.
+   Under both graders an answer must answer the question: one that repeats an expression of the
+   question ("restated", given `questions`) or is a sum or difference of plain numbers ("unevaluated")
+   scores 0 (not_an_answer); powers, products and scientific notation are closed forms.
+   On tests/math_equivalence_cases.py (373 labelled cases, 332 from public graders' test suites) the
+   math-verify reading agrees with the label on 365 (97.9%), the official rule on 230 (61.7%, most
+   misses are answers outside a box).
    No string shortcut: every answer goes through math-verify, so the real-data tests test it.
    The format channel (PASS's `math_format`) is the same rule under both graders: 1 iff the response
    has exactly one closed, non-empty box. So under math-verify a right answer in two boxes, or with
@@ -169,19 +175,72 @@ _BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE = re.compile(r"[{}]")
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 _FBOX = re.compile(r"\\fbox\s*\{")
-# An answer is a value. math-verify reads "86 + 87" as the sum 173, so a response that restates the
-# question "What is 86 + 87?" would score as its answer, and a policy finds that: SmolLM2's two-digit
-# sums runs learned to answer "86 + 87" (issue 43, seed 2). Plain numbers joined by + - * x . or ^ are
-# an unevaluated expression, not an answer (unless the gold is one too); fractions stay values.
+# An answer is a value that answers the question. math-verify reads "86 + 87" as the sum 173, so a
+# response that restates the question "What is 86 + 87?" would score as its answer, and a policy finds
+# that: SmolLM2's two-digit sums runs learned to answer "86 + 87" (issue 43, seed 2). Two rules, under
+# both graders: an answer that repeats an expression written in the question is no answer (reason
+# "restated"; score_batch needs the questions for it), and neither is a sum or difference of plain
+# numbers (reason "unevaluated": an addition left undone), unless the gold is written so too. Powers,
+# products and what combines them are closed forms: 2^{10}, 3 \times 10^8, 2^{10}-1, (-1)^{2023}, 2 \cdot 3 \cdot 5.
+# Both rules compare expressions stripped of layout (_bare): spacing (\quad, \, and the like), $ and \$,
+# \displaystyle, \left and \right, braces, \text{} units and trailing unit words; x, \cdot and \times are *.
 _NUMBER = r"\(*[-+]?\d+(?:\.\d+)?\)*"
-_UNEVALUATED = re.compile(rf"{_NUMBER}(?:(?:\+|-|\*|\\times|\\cdot|×|\^){_NUMBER})+")
-_LAYOUT = re.compile(r"\s+|[{}$]|\\left|\\right|\\[,;!: ]")
+_SUM = re.compile(rf"{_NUMBER}(?:[-+]{_NUMBER})+")
+_UNITS = re.compile(r"\\(?:text|textbf|textrm|textit|mathrm|mbox|operatorname)\s*\{[^{}]*\}")
+_UNIT_WORDS = re.compile(r"(?<=[\d})])\s+[A-Za-z]{2,}(?:\s+[A-Za-z]+)*[.\s]*$")  # "86 + 87 apples"
+_TIMES = re.compile(r"\\times|\\cdot|\\ast|×|·")
+_LAYOUT = re.compile(r"\\\$|\\displaystyle|\\textstyle|\\left|\\right|\\q?quad|\\[,;:! ]|\s+|[{}$~]")
+_OPERATOR = re.compile(r"(?<=.)[-+*/^]|\\frac|\\sqrt")  # a sign in front is not an operator
+_INSIDE = set("0123456789.^*/+-")  # what would make a match in the question a piece of a longer expression
+
+
+def _bare(expression: str) -> str:
+    """An expression without its layout, for comparing how two are written: "\\displaystyle 86 \\quad +
+    \\$87 \\text{ apples}" -> "86+87"; "16 \\times 3" -> "16*3"; "2^{10}" -> "2^10"."""
+    text = _UNIT_WORDS.sub("", _UNITS.sub("", expression))
+    text = _TIMES.sub("*", text).replace("\\div", "/").replace("÷", "/").replace("−", "-")
+    return _LAYOUT.sub("", text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac"))
 
 
 def unevaluated(answer: str) -> bool:
-    """Whether an extracted answer is arithmetic on plain numbers ("86 + 87", "16 \\times 3", "2^{10}")
-    rather than a value ("173", "-5", "\\frac{1}{2}", "1/2", "3+2\\sqrt{2}")."""
-    return bool(_UNEVALUATED.fullmatch(_LAYOUT.sub("", answer)))
+    """Whether an extracted answer is a sum or difference of plain numbers ("86 + 87", "3 - 5",
+    "\\left(2+3\\right)"): an addition left undone, not a value ("173", "-5", "\\frac{1}{2}",
+    "3+2\\sqrt{2}", and the closed forms "2^{10}", "3 \\times 10^8", "2^{10}-1", "2 \\cdot 3 \\cdot 5")."""
+    return bool(_SUM.fullmatch(_bare(answer)))
+
+
+def restated(answer: str, question: str, gold: str = "") -> bool:
+    """Whether an extracted answer repeats an expression written in the question ("86 + 87" for "What
+    is $86+87$?", "2^{10}" for "Compute $2^{10}$.") instead of answering it: it has an operator, and it
+    stands in the question as a whole expression, not as a piece of a longer one ("2^9+1" is not
+    restated from "2^{10} - 2^9 + 1"). A gold that is itself an expression of the question ("Which is
+    larger, 2^{10} or 10^3?") is answered by repeating it. No question (""), nothing is restated."""
+    bare, text = _bare(answer), _bare(question)
+    while bare[:1] == "(" and bare[-1:] == ")" and "(" not in bare[1:-1] and ")" not in bare[1:-1]:
+        bare = bare[1:-1]  # "\\left( 86+87 \\right)" restates 86 + 87
+    if not question or not _OPERATOR.search(bare):
+        return False
+    if _OPERATOR.search(_bare(gold)) and _bare(gold) in text:
+        return False
+    start = text.find(bare)
+    while start >= 0:
+        end = start + len(bare)
+        after = text[end:end + 2]  # a full stop ends a sentence; a decimal point is followed by a digit
+        if (start == 0 or text[start - 1] not in _INSIDE) and \
+                (not after or after[0] not in _INSIDE or (after[0] == "." and not after[1:].isdigit())):
+            return True
+        start = text.find(bare, start + 1)
+    return False
+
+
+def not_an_answer(answer: str, gold: str, question: str) -> str:
+    """The reason an extracted answer is no answer to `question` whatever its value ("restated",
+    "unevaluated"), or "" when it is one."""
+    if restated(answer, question, gold):
+        return "restated"
+    if unevaluated(answer) and not unevaluated(gold):
+        return "unevaluated"
+    return ""
 
 
 def _last_box(text: str) -> tuple[str | None, int, str]:
@@ -208,16 +267,48 @@ def _box_end(text: str, start: int) -> int | None:
     return None
 
 
-def _boxes(text: str) -> list[str]:
-    """The contents of every closed outermost box, in order (braces matched as in _last_box)."""
+def _box_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of every closed outermost box: its opening command and its closing brace, in order
+    (braces matched as in _last_box)."""
     found, position = [], 0
     while (start := _BOX_START.search(text, position)) is not None:
         end = _box_end(text, start.end())
         if end is None:  # unclosed: nothing after it is a box either
             break
-        found.append(text[start.end():end])
+        found.append((start.start(), end))
         position = end + 1
     return found
+
+
+def _boxes(text: str) -> list[str]:
+    """The contents of every closed outermost box, in order."""
+    return [text[_BOX_START.match(text, start).end():end] for start, end in _box_spans(text)]
+
+
+# Between two boxes that state one answer together: a few words of connection ("and", ", then", "; the
+# other is", "x =", "g(3) ="), nothing that rejects a value or goes on reasoning.
+_REJECTING = re.compile(r"\b(?:not?|but|fails?|failed|reject\w*|discard\w*|extraneous|invalid|wrong|except|"
+                        r"exclud\w*|however|instead|impossible|cannot|can't|isn't|doesn't|check\w*|wait|"
+                        r"undefined)\b", re.IGNORECASE)
+_MAX_BETWEEN = 40  # characters of connection; "$, while $g(3) = $" is 17
+
+
+def final_boxes(text: str) -> list[str]:
+    """The contents of the boxes that end `text` standing together: the last box, and each box before it
+    while what stands between the two is short (at most _MAX_BETWEEN characters) and rejects nothing
+    (no "but", "not", "fails", "extraneous", "check", ...). "x = \\boxed{-2} fails; x = \\boxed{3}" ->
+    ["3"]; "x = \\boxed{0}, x = \\boxed{-1}, and x = \\boxed{2}" -> ["0", "-1", "2"]. What follows the last
+    box is not read: a rejection written after the boxes ("... \\boxed{3}. But -2 fails.") is not seen."""
+    spans = _box_spans(text)
+    if not spans:
+        return []
+    group = [spans[-1]]
+    for span in reversed(spans[:-1]):
+        between = text[span[1] + 1:group[0][0]]
+        if len(between) > _MAX_BETWEEN or _REJECTING.search(between):
+            break
+        group.insert(0, span)
+    return [text[_BOX_START.match(text, start).end():end] for start, end in group]
 
 
 # "x = " or "f(3/5) = " at the start of a box: the value is what follows
@@ -426,17 +517,17 @@ def _parse_boxed(latex: str):
                  parsing_timeout=None)
 
 
-def _math_equal(answer: str, gold: str) -> bool:
+def _math_equal(answer: str, gold: str, question: str = "") -> tuple[float, str]:
     """--math-grader official: the extracted answer, parsed as a box's content, against the gold;
-    verify(gold, answer) (not symmetric)."""
+    verify(gold, answer) (not symmetric). (reward, reason)."""
     from math_verify import verify  # only workers import sympy
 
-    if unevaluated(answer) and not unevaluated(gold):
-        return False
-    return verify(_parse_boxed(gold), _parse_boxed(answer), timeout_seconds=None)
+    if refused := not_an_answer(answer, gold, question):
+        return 0.0, refused
+    return (1.0, "ok") if verify(_parse_boxed(gold), _parse_boxed(answer), timeout_seconds=None) else (0.0, "wrong")
 
 
-def _math_verify_response(response: str, gold: str) -> tuple[float, str]:
+def _math_verify_response(response: str, gold: str, question: str = "") -> tuple[float, str]:
     """--math-grader math-verify: math-verify reads the whole response with its default extraction
     targets (LaTeX and plain expressions; boxed answers, "final answer is ..." anchors, several
     boxes close together read as one set), then verify(gold, answer). Digits grouped by spaces are
@@ -444,10 +535,11 @@ def _math_verify_response(response: str, gold: str) -> tuple[float, str]:
 
     One box per value: math-verify joins boxes only when nothing but "and" or a comma stands between
     them; with "x = \\boxed{0}, x = \\boxed{-1}, and ..." it reads the last box alone. So when that
-    reading is wrong, the gold is a list of two or more values and the response has two or more boxes,
-    every box is read together, a leading "x =" or "f(a) =" inside a box dropped, as one set: in any
-    order, but the same elements, so a response that boxes every candidate it considered (an extra
-    element) or leaves one out scores 0."""
+    reading is wrong, the gold is a list of two or more values and the response ends in two or more
+    boxes that stand together (final_boxes), those boxes are read together, a leading "x =" or
+    "f(a) =" inside a box dropped, as one set: in any order, but the same elements, so a response that
+    boxes every candidate it considered (an extra element) or leaves one out scores 0, and so does one
+    that boxes a value, rejects it in words and boxes another."""
     from math_verify import parse, verify  # only workers import sympy
 
     response, gold = join_spaced_thousands(response), join_spaced_thousands(gold)
@@ -455,12 +547,12 @@ def _math_verify_response(response: str, gold: str) -> tuple[float, str]:
     answer_parsed = parse(_FBOX.sub(r"\\boxed{", response), parsing_timeout=None)
     if not answer_parsed:
         return 0.0, "no_answer"
-    if unevaluated(answer_parsed[-1]) and not unevaluated(gold):
-        return 0.0, "unevaluated"
+    if refused := not_an_answer(answer_parsed[-1], gold, question):
+        return 0.0, refused
     gold_parsed = _parse_boxed(gold)
     if verify(gold_parsed, answer_parsed, timeout_seconds=None):
         return 1.0, "ok"
-    boxes = _boxes(response)
+    boxes = final_boxes(response)
     if len(boxes) >= 2 and _is_list(gold_parsed):
         every_box = _parse_boxed(", ".join(_BOX_LHS.sub("", box) for box in boxes))
         if verify(gold_parsed, every_box, timeout_seconds=None):
@@ -494,8 +586,8 @@ def _do_job(job: dict) -> tuple[float, str]:
     signal.setitimer(signal.ITIMER_REAL, SOFT_TIMEOUT_FRACTION * job["timeout"])
     try:
         if "response" in job:  # --math-grader math-verify
-            return _math_verify_response(job["response"], job["gold"])
-        return (1.0, "ok") if _math_equal(job["answer"], job["gold"]) else (0.0, "wrong")
+            return _math_verify_response(job["response"], job["gold"], job["question"])
+        return _math_equal(job["answer"], job["gold"], job["question"])
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
@@ -521,7 +613,7 @@ def _worker_main(parent_pid: int) -> None:
             os._exit(0)
 
     for answer_text, gold in _WARM_UP:  # before saying ready: the first real items are not slower
-        _math_equal(answer_text, gold)
+        _math_equal(answer_text, gold, "")
         _math_verify_response(f"So the answer is $\\boxed{{{answer_text}}}$.", gold)
     answer({"ready": True})
     for line in sys.stdin.buffer:  # ends when the parent closes our stdin (or dies)
@@ -540,7 +632,7 @@ def _worker_main(parent_pid: int) -> None:
 # ---------------------------------------------------------------------------------------------------
 
 
-def score_batch(responses: list[str], references: list, kinds: list[str], *,
+def score_batch(responses: list[str], references: list, kinds: list[str], *, questions: list[str] | None = None,
                 timeout: float = DEFAULT_TIMEOUT, workers: int | None = None,
                 math_grader: str = "math-verify") -> list[Score]:
     """Score a batch of responses: one Score(reward, format, reason) per response, in order.
@@ -549,12 +641,15 @@ def score_batch(responses: list[str], references: list, kinds: list[str], *,
     `timeout`: seconds per math or QA item, and per test of a code item. `workers`: size of the
     process pool (default: this process's CPUs / LOCAL_WORLD_SIZE). `math_grader`: who finds the
     answer of a math response, "math-verify" (its own extraction) or "official" (the last box only,
-    as PRIME's grader). Never raises because of what a response contains; raises ValueError for
-    malformed arguments.
+    as PRIME's grader). `questions`: each response's question, so that a math answer repeating an
+    expression of it scores 0 (reason "restated"; without them that rule is off). Never raises because
+    of what a response contains; raises ValueError for malformed arguments.
     """
     if not len(responses) == len(references) == len(kinds):
         raise ValueError(f"responses, references and kinds differ in length: "
                          f"{len(responses)}, {len(references)}, {len(kinds)}")
+    if questions is not None and len(questions) != len(responses):
+        raise ValueError(f"questions has {len(questions)} entries, responses {len(responses)}")
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
     workers = sandbox.default_workers() if workers is None else workers
@@ -581,14 +676,16 @@ def score_batch(responses: list[str], references: list, kinds: list[str], *,
             elif reason == "unclosed_boxed":  # both graders: cut off while writing its answer, so
                 scores[i] = Score(0.0, formats[i], reason)  # no earlier value is read as the answer
             elif math_grader == "math-verify":  # math-verify reads the whole response
-                jobs[i] = {"kind": "math", "response": response, "gold": reference, "timeout": timeout}
+                jobs[i] = {"kind": "math", "response": response, "gold": reference, "timeout": timeout,
+                           "question": questions[i] if questions else ""}
             else:
                 if answer is not None and not answer.strip():
                     answer, reason = None, "empty_boxed"
                 if answer is None:
                     scores[i] = Score(0.0, formats[i], reason)
                 else:
-                    jobs[i] = {"kind": "math", "answer": answer, "gold": reference, "timeout": timeout}
+                    jobs[i] = {"kind": "math", "answer": answer, "gold": reference, "timeout": timeout,
+                               "question": questions[i] if questions else ""}
         elif kind == "qa":
             if not (isinstance(reference, str) or (isinstance(reference, list) and reference
                                                    and all(isinstance(a, str) for a in reference))):

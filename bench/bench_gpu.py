@@ -123,8 +123,8 @@ def run(args, device, shapes: dict = QWEN25_05B) -> dict:
             logp_old = microbatch.logprobs_no_grad(policy, ro, loop_args)
             logp_ref = microbatch.logprobs_no_grad(reference, ro, loop_args)
         with phase("prm", B * T):  # train.py's own PRM step: forward for rewards + CE update
-            log_ratio, _ = train.implicit_prm_step(prm, prm_opt, train.Batch(ro, outcome, mask, None, [], [], B, B),
-                                                   logp_ref, loop_args, d)
+            batch = train.with_plans(train.Batch(ro, outcome, mask, None, [], [], B, B), loop_args, d)
+            log_ratio, _ = train.implicit_prm_step(prm, prm_opt, batch, logp_ref, loop_args, d)
         with phase("advantages", B * T):
             process = prime.normalize_process_reward(log_ratio, mask)
             adv = prime.whiten(prime.rloo_advantage(process, outcome, mask, args.n, 1.0, "official"), mask)

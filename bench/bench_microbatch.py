@@ -122,9 +122,10 @@ def run_one(case: str, mode: str, opts) -> dict:
     m = models.build_models(args, d)
     mask = ro.response_mask.float().to(device)
     outcome = outcome.to(device)
-    batch = train.Batch(ro, outcome, mask, torch.arange(len(ro)), [""] * len(ro), [""] * len(ro), len(ro), len(ro))
+    batch = train.with_plans(train.Batch(ro, outcome, mask, torch.arange(len(ro)), [""] * len(ro), [""] * len(ro),
+                                         len(ro), len(ro)), args, d)
 
-    plan = train.update_plan(args, batch, d)
+    plan = batch.plan
     real = int(ro.prompt_mask.sum() + ro.response_mask.sum())
     lengths = ro.prompt_mask.sum(1) + ro.response_mask.sum(1)
     computed = sum(len(mb.rows) * int(lengths[mb.rows].max()) for mb in plan[0])  # rows x longest sequence
@@ -147,10 +148,10 @@ def run_one(case: str, mode: str, opts) -> dict:
     for repeat in range(opts.repeats):  # the first repeat warms up kernels and allocator; the last is kept
         logp_old, logp_ref = timed("old+ref logprobs", lambda: (
             microbatch.logprobs_no_grad(policy, ro, args, args.temperature, plan),
-            microbatch.logprobs_no_grad(m.reference, ro, args, plan=train.update_plan(args, batch, d, prm=True))))
+            microbatch.logprobs_no_grad(m.reference, ro, args, plan=batch.prm_plan)))
         timed("prm update", lambda: train.implicit_prm_step(m.prm, m.prm_opt, batch, logp_ref, args, d))
         adv = prime.whiten(torch.randn(mask.shape, device=device) * mask, mask)
-        timed("policy update", lambda: train.update_policy(args, m, batch, logp_old, adv, (None, None), None, 1, d))
+        timed("policy update", lambda: train.update_policy(args, m, batch, logp_old, adv, None, d))
     n_params = sum(p.numel() for p in policy.parameters())
     # the policy update's model FLOPs: 6 per parameter and computed token (forward and backward), 2 more
     # when checkpointing recomputes the forward; against the H200's dense bf16 peak, 790 TFLOP/s
@@ -160,7 +161,8 @@ def run_one(case: str, mode: str, opts) -> dict:
         result["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
         est = models.memory_estimate_gb(n_params, args, AutoConfig.from_pretrained(path), world=1)
         # what this bench holds: the model state and an update (no sampling here), before the allocator's margin
-        result["estimate_gb"] = sum(v for k, v in est.items() if not k.startswith(("  ", "phase", "allocator", "total"))) \
+        result["estimate_gb"] = sum(v for k, v in est.items()
+                                    if not k.startswith(("  ", "phase", "allocator", "beyond", "total"))) \
             + max(v for k, v in est.items() if k.startswith("phase: update") or k.startswith("phase: optimizer"))
     else:
         result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9

@@ -11,7 +11,7 @@ whose KV cache for the step's 128 sequences (15 GB in bf16) stands in for vLLM's
 while sampling; the preset puts vLLM to sleep during the updates, so nothing is held aside then.
 --hold-vllm-share holds a tensor the size of that share aside for the whole run instead (the preset
 without --vllm-sleep, plus HF's cache: more than the preset needs). It prints train.py's own estimate
-and the measured peak (train.py prints torch.cuda.max_memory_allocated after the first step), and exits
+and what the first step used (train.py prints the allocator's peaks and the device's own use), and exits
 non-zero if a step runs out of memory. Not run in CI (it needs a CUDA GPU).
 """
 
@@ -38,6 +38,8 @@ def main():
     parser.add_argument("--prompts", type=int, default=32, help="prompts a step (one rank's share of 256 on 8)")
     parser.add_argument("--out", default=None, help="a folder for the run (default: a temporary one)")
     parser.add_argument("--hold-vllm-share", action="store_true", help="hold 0.2 of the GPU aside all run")
+    parser.add_argument("--untied", action="store_true",
+                        help="an output layer of its own, as DeepSeek-R1-Distill-Qwen-1.5B (1.78B parameters)")
     opts = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_preset.py needs a CUDA GPU")
@@ -48,7 +50,8 @@ def main():
 
     work = Path(opts.out or tempfile.mkdtemp())
     model_dir, data = work / "qwen1.5b-random", work / "long_prompts.jsonl"
-    config = Qwen2Config(**QWEN25_15B, bos_token_id=1, eos_token_id=1, pad_token_id=0)
+    config = Qwen2Config(**dict(QWEN25_15B, tie_word_embeddings=not opts.untied), bos_token_id=1, eos_token_id=1,
+                         pad_token_id=0)
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(model_dir)  # fp32 on disk, as an SFT checkpoint is loaded
     toy_task.build_tokenizer().save_pretrained(model_dir)  # one character a token: prompts of ~1000 tokens

@@ -74,3 +74,37 @@ def test_train_loop_on_cuda(flags, cache_dir, tmp_path):
     assert config["world_size"] == 1 and len(metrics) == 3
     summary = json.loads((run_dir / "summary.json").read_text())
     assert 0.0 <= summary["end_accuracy"] <= 1.0
+
+
+def test_offloaded_moments_wait_on_the_cpu_and_change_no_update(cache_dir):
+    """--offload-optimizer on CUDA: after an update the policy's AdamW moments are in CPU memory (the GPU
+    holds 8 bytes a parameter less) and the weights are bitwise those of the update that kept them."""
+    import config
+    import ddp
+    import models as models_module
+    results = {}
+    for offload in (False, True):
+        args = config.parse_args(["--sft-steps", str(SFT_STEPS), "--cache-dir", str(cache_dir), "--rollout", "hf",
+                                  "--process", "none", *(["--offload-optimizer"] if offload else [])])
+        d = ddp.Dist(device=torch.device("cuda"))
+        m = models_module.build_models(args, d)
+        torch.manual_seed(0)
+        tokenizer = m.tokenizer
+        ro = HFRollout(ddp.unwrap(m.policy), tokenizer, 48).generate(
+            [tokenizer(p.prompt)["input_ids"] for p in toy_task.make_problems(4, seed=3)], n=2)
+        b = train.with_plans(train.Batch(ro, torch.zeros(8, device="cuda"), ro.response_mask.float().cuda(),
+                                         torch.arange(8), [""] * 8, [""] * 8, 8, 8), args, d)
+        adv = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(1)).cuda() * b.mask
+        for _ in range(2):
+            train.update_policy(args, m, b, None, adv, None, d)
+        torch.cuda.synchronize()
+        moments = [t for state in m.policy_opt.state.values() for t in state.values() if t.dim()]
+        assert moments and all(t.device.type == ("cpu" if offload else "cuda") for t in moments)
+        results[offload] = ([p.detach().cpu() for p in m.policy.parameters()], torch.cuda.memory_allocated())
+        del m, moments, b, ro
+        torch.cuda.empty_cache()
+    n = sum(p.numel() for p in results[True][0])
+    for a, c in zip(results[False][0], results[True][0]):
+        assert torch.equal(a, c)
+    print(f"allocated after the update: kept {results[False][1] / 1e6:.1f} MB, offloaded {results[True][1] / 1e6:.1f} MB "
+          f"({8 * n / 1e6:.1f} MB of moments)")

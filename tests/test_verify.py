@@ -218,8 +218,8 @@ def test_extract_boxed(text, expected):
     # the question restated is not its answer, though math-verify reads "86 + 87" as 173 (issue 43's hack)
     ("What is 86 + 87?\n\n86 + 87", "173", (0.0, 0, "no_boxed"), (0.0, 0, "unevaluated")),
     ("86 + 87 = 173", "173", (0.0, 0, "no_boxed"), (1.0, 0, "ok")),
-    ("\\boxed{86+87}", "173", (0.0, 1, "wrong"), (0.0, 1, "unevaluated")),
-    ("\\boxed{16 \\times 3}", "48", (0.0, 1, "wrong"), (0.0, 1, "unevaluated")),
+    ("\\boxed{86+87}", "173", (0.0, 1, "unevaluated"), (0.0, 1, "unevaluated")),
+    ("\\boxed{16 \\times 3}", "48", (1.0, 1, "ok"), (1.0, 1, "ok")),  # a product is a value (restated: below)
     ("\\boxed{2^{10}}", "2^{10}", (1.0, 1, "ok"), (1.0, 1, "ok")),  # unless the gold is written so too
 ])
 def test_math_format_channel(response, gold, official, math_verify):
@@ -228,13 +228,89 @@ def test_math_format_channel(response, gold, official, math_verify):
 
 
 @pytest.mark.parametrize("answer, expected", [
-    ("86 + 87", True), ("86+87", True), ("16 \\times 3", True), ("2 \\cdot 3", True), ("2^{10}", True),
-    ("3 - 5", True), ("-3-5", True), ("0.5+0.25", True), ("\\left(2+3\\right)", True),
+    ("86 + 87", True), ("86+87", True), ("3 - 5", True), ("-3-5", True), ("0.5+0.25", True),
+    ("\\left(2+3\\right)", True), ("86 \\quad + 87", True), ("86\\,+\\,87", True), ("86\\ +\\ 87", True),
+    ("86+87 \\text{ apples}", True), ("\\$86+\\$87", True), ("\\displaystyle 86+87", True), ("86 + 87 apples", True),
     ("173", False), ("-5", False), ("3.5", False), ("\\frac{1}{2}", False), ("1/2", False), ("1,000", False),
     ("3+2\\sqrt{2}", False), ("x+1", False), ("10\\%", False), ("(2, 3)", False),
+    # closed forms: powers, products, and sums with a power in them
+    ("16 \\times 3", False), ("2 \\cdot 3", False), ("2^{10}", False), ("2^{10}-1", False), ("(-1)^{2023}", False),
+    ("3 \\times 10^8", False), ("2.5 \\times 10^{-4}", False), ("2^3 \\cdot 3^2", False),
 ])
-def test_unevaluated_arithmetic_on_plain_numbers_is_not_a_value(answer, expected):
+def test_unevaluated_is_a_sum_or_difference_of_plain_numbers(answer, expected):
     assert verify.unevaluated(answer) == expected
+
+
+# Closed forms of the right value: each scores 1 under both graders, with or without a question that
+# does not contain it (issue 52: competitions, math-verify and PRIME's grader accept them).
+CLOSED_FORMS = [("2^{10}", "1024"), ("10^6", "1000000"), ("2^{-10}", "\\frac{1}{1024}"), ("10^{-3}", "0.001"),
+                ("6^2", "36"), ("(-1)^{2023}", "-1"), ("2^{10}-1", "1023"), ("3\\cdot 2^{10}", "3072"),
+                ("3 \\times 10^8", "300000000"), ("2.5 \\times 10^{-4}", "0.00025"), ("2^3 \\cdot 3^2", "72"),
+                ("2 \\cdot 3 \\cdot 5", "30"), ("16 \\times 3", "48")]
+# A restatement of arithmetic the question asks for: 0 under both graders, whatever its layout.
+RESTATED = [("86 \\quad + 87", "173"), ("86\\,+\\,87", "173"), ("86\\ +\\ 87", "173"), ("86+87 \\text{ apples}", "173"),
+            ("\\$86+\\$87", "173"), ("\\displaystyle 86+87", "173"), ("\\left( 86+87 \\right)", "173"),
+            ("86 + 87 \\text{apples}", "173")]
+
+
+@pytest.mark.parametrize("grader", verify.MATH_GRADERS)
+def test_every_closed_form_of_the_right_value_scores_one(grader):
+    responses = [boxed(answer) for answer, _ in CLOSED_FORMS]
+    golds = [gold for _, gold in CLOSED_FORMS]
+    for questions in (None, ["How many ways are there?"] * len(CLOSED_FORMS)):
+        scores = verify.score_batch(responses, golds, ["math"] * len(golds), questions=questions, math_grader=grader)
+        assert [s.reason for s in scores] == ["ok"] * len(golds), list(zip(CLOSED_FORMS, scores))
+
+
+@pytest.mark.parametrize("grader", verify.MATH_GRADERS)
+def test_a_restated_question_scores_zero_whatever_its_layout(grader):
+    """The sums are refused as sums even without the question; a product or a power only when it
+    repeats the question ("What is $16 \\times 3$?" answered "16 \\cdot 3", "Compute $2^{10}$." answered
+    "2^{10}"), and not when the gold itself is written in the question."""
+    question = "What is $86 + 87$?"
+    responses = [boxed(answer) for answer, _ in RESTATED]
+    golds = [gold for _, gold in RESTATED]
+    for questions, reason in ((None, "unevaluated"), ([question] * len(golds), "restated")):
+        scores = verify.score_batch(responses, golds, ["math"] * len(golds), questions=questions, math_grader=grader)
+        assert [(s.reward, s.reason) for s in scores] == [(0.0, reason)] * len(golds), list(zip(RESTATED, scores))
+    cases = [("16 \\cdot 3", "48", "What is 16 × 3?", "restated"), ("16 \\cdot 3", "48", "What is 12 × 4?", "ok"),
+             ("2^{10}", "1024", "Compute $2^{10}$.", "restated"), ("2^{10}", "1024", "Compute $2^{10} + 1$.", "ok"),
+             ("2^9+1", "513", "Compute $2^{10} - 2^9 + 1$.", "ok"),  # a piece of the question's expression
+             ("2^{10}", "2^{10}", "Which is larger, $2^{10}$ or $10^3$?", "ok"),  # the gold is in the question
+             ("86+87", "173", "86 + 87 =", "restated"), ("173", "173", "What is 86 + 87?", "ok")]
+    scores = verify.score_batch([boxed(a) for a, *_ in cases], [g for _, g, *_ in cases], ["math"] * len(cases),
+                                questions=[q for _, _, q, _ in cases], math_grader=grader)
+    assert [s.reason for s in scores] == [reason for *_, reason in cases], list(zip(cases, scores))
+    # math-verify's own extraction of an unboxed restatement: the same rule on what it extracted
+    if grader == "math-verify":
+        assert verify.score_batch(["What is 86 + 87?\n\n86 + 87"], ["173"], ["math"],
+                                  questions=[question])[0].reason == "restated"
+
+
+HEDGES = [  # gold -2, 3: each boxes a value it then rejects, or boxes an intermediate value earlier on
+    "So $x=\\boxed{-2}$, but $x=-2$ fails the original equation, so $x=\\boxed{3}$.",
+    "So $x = \\boxed{-2}$ or $x = \\boxed{3}$. Checking, $x=-2$ fails, so the answer is $\\boxed{3}$.",
+    "$x = \\boxed{-2}$ (rejected: it makes the denominator zero) and $x = \\boxed{3}$",
+    "First we count $\\boxed{3}$ cases for the first digit. Solving the equation gives $x = \\boxed{-2}$.",
+]
+
+
+@pytest.mark.parametrize("grader", verify.MATH_GRADERS)
+def test_boxes_a_response_rejects_are_not_read_as_its_answer(grader):
+    """Several boxes are one answer only when they end the response standing together (verify.final_boxes:
+    a few words between them, none rejecting); each hedge below scored 1 under the default grader
+    before this rule. Boxes joined by "and" still read as the set."""
+    scores = verify.score_batch(HEDGES, ["-2, 3"] * len(HEDGES), ["math"] * len(HEDGES), math_grader=grader)
+    assert [s.reward for s in scores] == [0.0] * len(HEDGES), list(zip(HEDGES, scores))
+    together = verify.score_batch(["$x = \\boxed{-2}$ and $x = \\boxed{3}$"], ["-2, 3"], ["math"], math_grader=grader)
+    assert together[0].reward == (1.0 if grader == "math-verify" else 0.0)  # official: the last box only
+    assert verify.final_boxes(HEDGES[0]) == ["3"] and verify.final_boxes(HEDGES[3]) == ["-2"]
+    assert verify.final_boxes("x = \\boxed{0}, x = \\boxed{-1}, and x = \\boxed{2}") == ["0", "-1", "2"]
+
+
+def test_questions_must_match_the_responses():
+    with pytest.raises(ValueError, match="questions"):
+        verify.score_batch(["\\boxed{1}"], ["1"], ["math"], questions=["a", "b"])
 
 
 def test_math_grader_must_be_known():
@@ -258,8 +334,8 @@ MATH_VERIFY_DISAGREEMENTS = {
     ("C", "\\boxed{C. x = 42}"): "NeMo-Skills' multiple-choice rule reads a leading 'C.' as the choice; "
                                  "math-verify reads the box as an equation, x = 42",
     ("C. x = 42", "\\boxed{C}"): "the same rule, the other way round",
-    ("$10$", "Answer \\( (9+1) \\)"): "verify.py's rule, not math-verify's: arithmetic on plain numbers is not "
-                                      "an answer (verify.unevaluated), or a policy answers 'What is 9 + 1?' with "
+    ("$10$", "Answer \\( (9+1) \\)"): "verify.py's rule, not math-verify's: a sum of plain numbers is not an "
+                                      "answer (verify.unevaluated), or a policy answers 'What is 9 + 1?' with "
                                       "'9 + 1' (issue 43's SmolLM2 runs did); the source's label accepts it",
 }
 
@@ -298,7 +374,7 @@ HOSTILE_MATH = {  # name -> response; the gold is "7" and each must score 0 with
     "boxed nested 1000 deep": "\\boxed{" * 1000 + "8" + "}" * 1000,
     "empty boxed nested 1000 deep": "\\boxed{" * 1000 + "}" * 1000,
     "braces nested 400 deep": "\\boxed{" + "{" * 400 + "8" + "}" * 400 + "}",
-    "power tower": "\\boxed{10^{10^{10^{10}}}}",  # refused as unevaluated arithmetic before the comparison
+    "power tower": "\\boxed{10^{10^{10^{10}}}}",  # a closed form sympy never finishes evaluating
     "power tower plus x": SLOW,  # sympy evaluates 10^(10^10^10) for ever
     "1 MB box": "\\boxed{" + "x+" * 500_000 + "}",
     "1 MB of text, small box": "lorem ipsum " * 90_000 + "\\boxed{8}",
