@@ -395,7 +395,7 @@ def check_args(args: Args) -> None:
         bad(f"--resume: no checkpoint in {Path(args.out_dir) / args.run_name / 'checkpoint'}")
     if args.rollout == "vllm":
         if importlib.util.find_spec("vllm") is None:
-            bad("--rollout vllm: vLLM is not installed (see the README's vLLM section), or use --rollout hf")
+            bad("--rollout vllm: vLLM is not installed (see docs/node.md, vLLM rollouts), or use --rollout hf")
     if not args.prm_online and not args.prm_warmup_steps and not args.prm_init:
         print("warning: --no-prm-online without --prm-warmup-steps: the PRM stays equal to the reference and "
               "every implicit reward is 0")

@@ -310,7 +310,7 @@ def load_benchmark(name: str, data_dir: str | Path, limit: int = 0) -> list[Item
 
 
 # ---------------------------------------------------------------------------------------------------
-# A real-language task for a small real model (README "A real model")
+# A real-language task for a small real model (docs/real-model.md)
 # ---------------------------------------------------------------------------------------------------
 
 

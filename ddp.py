@@ -134,8 +134,8 @@ def check_shared_storage(folder: Path, flag: str, d: Dist) -> None:
         probe.unlink(missing_ok=True)
     if missing:
         raise SystemExit(f"{flag} {folder}: {int(missing)} rank(s) cannot see the files rank 0 writes there. "
-                         f"A run on several nodes needs {flag} on a file system all nodes share (see the "
-                         "README's multi-node section)")
+                         f"A run on several nodes needs {flag} on a file system all nodes share (see "
+                         "docs/node.md, Commands)")
 
 
 def broadcast_from_master(value, d: Dist):

@@ -47,6 +47,8 @@ def main(argv=None) -> None:
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache-dir", default=".cache")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="a JSON file to keep the means in, under the run folder's name (merged with what it holds)")
     opts = parser.parse_args(argv)
     config = json.loads((opts.run_dir / "config.json").read_text())
     if config["process"] != "implicit":
@@ -81,11 +83,16 @@ def main(argv=None) -> None:
     if not rows:
         raise SystemExit("no batch kept a group; try more --batches")
     print(f"\n{opts.run_dir} step {step}, {len(rows)} batches, RMS over response tokens (mean over batches):")
+    kept = {"step": step, "batches": len(rows), "seed": opts.seed}
     for i, name in enumerate(("GRPO", "RLOO")):
         mean = {key: sum(r[i][key] for r in rows) / len(rows) for key in rows[0][i]}
+        kept[name] = dict(mean, process_over_outcome=mean["process_rms"] / mean["outcome_rms"])
         print(f"{name}: outcome part {mean['outcome_rms']:.3f}, process part {mean['process_rms']:.3f} "
               f"({mean['process_rms'] / mean['outcome_rms']:.2f}x), sign turned against the outcome's on "
               f"{mean['sign_turned']:.1%} of tokens")
+    if opts.out:
+        saved = json.loads(opts.out.read_text()) if opts.out.exists() else {}
+        runlog.write_json(opts.out, {**saved, opts.run_dir.name: kept})
 
 
 if __name__ == "__main__":

@@ -206,6 +206,29 @@ def test_a_steps_counts_refuse_two_parts_with_one_name():
         runlog.merge_counts(counts, {"tokens": 1})
 
 
+def test_the_loop_grades_each_response_against_its_own_question(cache_dir):
+    """train.verify_rollouts passes every response's question to the verifier: a response that boxes the
+    question's own arithmetic scores 0 as "restated" (without the question it would be refused only as
+    an undone sum, "unevaluated"), and a right value scores 1."""
+    from rollout import Rollout
+    tokenizer = toy_task.build_tokenizer()
+    problems = toy_task.make_problems(2, seed=5)
+    tasks = [data.Task(tokenizer(p.prompt)["input_ids"], p.answer, "math", p.prompt) for p in problems]
+    expression = problems[0].prompt.strip()
+    texts = ["\\boxed{" + expression + "}", "\\boxed{" + problems[0].answer + "}",
+             "\\boxed{" + problems[1].answer + "}", "\\boxed{0}"]
+    ids = [tokenizer(t)["input_ids"] for t in texts]
+    width = max(len(i) for i in ids)
+    ro = Rollout(torch.ones(4, 1, dtype=torch.long), torch.ones(4, 1, dtype=torch.long),
+                 torch.tensor([i + [tokenizer.pad_token_id] * (width - len(i)) for i in ids]),
+                 torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i in ids]), torch.zeros(4, dtype=torch.bool))
+    sampler = HFRollout(None, tokenizer, 8)
+    args = config.Args(n_samples=2)
+    decoded, scores, outcome = train.verify_rollouts(sampler, ro, tasks, args)
+    assert decoded == texts
+    assert [s.reason for s in scores][:3] == ["restated", "ok", "ok"] and outcome.tolist()[:3] == [0.0, 1.0, 1.0]
+
+
 def test_opd_and_gopd_compare_the_teacher_with_the_student_at_one_temperature(cache_dir):
     """The teacher (and G-OPD's base) score at temperature 1; the student must too, not at the sampling
     temperature. With teacher = base = student (all the SFT checkpoint), OPD's signal is exactly 0 and
