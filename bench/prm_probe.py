@@ -35,8 +35,8 @@ import verify  # noqa: E402
 from rollout import HFRollout  # noqa: E402
 
 
-def rollouts(model, tokenizer, problems, n: int):
-    sampler = HFRollout(model, tokenizer, 48)
+def rollouts(model, tokenizer, problems, n: int, max_new_tokens: int = 48):
+    sampler = HFRollout(model, tokenizer, max_new_tokens)
     ro = sampler.generate([tokenizer(p.prompt)["input_ids"] for p in problems], n=n)
     scores = verify.score_batch(sampler.decode(ro), [p.answer for p in problems for _ in range(n)],
                                 ["math"] * (len(problems) * n))
@@ -58,6 +58,8 @@ def main(argv=None):
     parser.add_argument("--beta", type=float, default=0.05)
     parser.add_argument("--loss", default="ce", choices=("ce", "dpo"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="rollout length (train.py's default: 96)")
+    parser.add_argument("--out", type=Path, default=None, help="a JSON file to add this setting's line to")
     args = parser.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -66,12 +68,14 @@ def main(argv=None):
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    pool = Path(args.cache_dir) / f"prm-probe-rollouts-{path.name}-{args.steps}x{args.prompts}-seed{args.seed}.pt"
+    pool = Path(args.cache_dir) / (f"prm-probe-rollouts-{path.name}-{args.steps}x{args.prompts}-seed{args.seed}"
+                                   f"{'' if args.max_new_tokens == 48 else f'-len{args.max_new_tokens}'}.pt")
     if not pool.exists():
+        pool.parent.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(args.seed)
-        stream = [rollouts(reference, tokenizer, toy_task.make_problems(args.prompts, seed=777 + 1000 * args.seed + i), n)
-                  for i in range(args.steps)]
-        held = rollouts(reference, tokenizer, toy_task.make_problems(256, seed=4242), n)
+        stream = [rollouts(reference, tokenizer, toy_task.make_problems(args.prompts, seed=777 + 1000 * args.seed + i), n,
+                           args.max_new_tokens) for i in range(args.steps)]
+        held = rollouts(reference, tokenizer, toy_task.make_problems(256, seed=4242), n, args.max_new_tokens)
         torch.save({"stream": stream, "held": held}, str(pool) + ".tmp")
         os.replace(str(pool) + ".tmp", pool)
     data = torch.load(pool, weights_only=False)
@@ -104,9 +108,16 @@ def main(argv=None):
         optimizer.step()
         if (i + 1) % 5 == 0:
             curve.append(held_accuracy())
-    print(json.dumps({"loss": args.loss, "beta": args.beta, "lr": args.lr, "held_out_groups": len(held_outcome) // n,
-                      "held_out_accuracy_every_5_steps": [round(a, 3) for a in curve],
-                      "on_batch_accuracy_last_20": round(sum(on_batch[-20:]) / len(on_batch[-20:]), 3)}))
+    line = {"loss": args.loss, "beta": args.beta, "lr": args.lr, "held_out_groups": len(held_outcome) // n,
+            "start": path.name, "max_new_tokens": args.max_new_tokens,
+            "held_out_accuracy_every_5_steps": [round(a, 3) for a in curve],
+            "on_batch_accuracy_last_20": round(sum(on_batch[-20:]) / len(on_batch[-20:]), 3)}
+    print(json.dumps(line))
+    if args.out:  # one entry per (start, length, loss, beta, lr), the newest kept
+        import runlog
+        saved = json.loads(args.out.read_text()) if args.out.exists() else {}
+        key = f"{path.name} len{args.max_new_tokens} {args.loss} beta {args.beta} lr {args.lr}"
+        runlog.write_json(args.out, {**saved, key: line})
 
 
 if __name__ == "__main__":
