@@ -13,6 +13,7 @@ prompt, or the plain text for a tokenizer without one (a base model, the embedde
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -327,16 +328,90 @@ def sums_rows(rows: int, digits: int, seed: int = 0) -> list[dict]:
     return [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in rng.sample(pairs, rows)]
 
 
+# Sums worked left to right, one line a step: the answer depends on every step, and each step can be
+# checked exactly, so a process signal has steps to tell apart (issue 53).
+_CHAIN_QUESTION = re.compile(r"What is (\d+(?: \+ \d+)+)\?")
+_CHAIN_LINE = re.compile(r"^\s*(?:\d+\.\s*)?(-?\d+)\s*\+\s*(-?\d+)\s*=\s*(-?\d+)\s*$")
+
+
+def chain_rows(rows: int, terms: int = 3, digits: int = 1, seed: int = 0, solution_slip: float | None = None,
+               exclude: set[str] = frozenset()) -> list[dict]:
+    """`rows` distinct "What is a + b + c?" questions of `terms` numbers of `digits` digits each (1-9 for
+    one digit), in a seeded order, none of the questions in `exclude`; gold their total. With
+    `solution_slip` (a probability), each row also gets the worked solution of a demonstrator who slips
+    at each step with that probability (chain_solution): SFT data, written apart from the RL file's
+    questions (--exclude), so that no held-out question is a demonstration."""
+    rng = random.Random(seed)
+    low, high = 10 ** (digits - 1) if digits > 1 else 1, 10 ** digits - 1
+    if rows + len(exclude) > (high - low + 1) ** terms:
+        raise SystemExit(f"--rows {rows}: there are only {(high - low + 1) ** terms} questions of {terms} "
+                         f"{digits}-digit numbers, {len(exclude)} of them excluded")
+    seen, out = set(), []
+    while len(out) < rows:
+        numbers = tuple(rng.randint(low, high) for _ in range(terms))
+        question = "What is " + " + ".join(map(str, numbers)) + "?"
+        if numbers in seen or question in exclude:
+            continue
+        seen.add(numbers)
+        row = {"question": question, "answer": str(sum(numbers))}
+        if solution_slip is not None:
+            row["solution"] = chain_solution(numbers, rng, solution_slip)
+        out.append(row)
+    return out
+
+
+def chain_solution(numbers, rng: random.Random, slip: float = 0.0) -> str:
+    """The worked solution, one line a step, left to right, then the boxed total:
+        (7, 5, 8) -> "7 + 5 = 12\n12 + 8 = 20\nThe answer is $\\boxed{20}$."
+    With probability `slip` a step's result is off by 1 to 3 and the next steps carry on from it, as a
+    person who slips would: the box then holds the wrong total."""
+    lines, total = [], numbers[0]
+    for n in numbers[1:]:
+        result = total + n + (rng.choice((-3, -2, -1, 1, 2, 3)) if rng.random() < slip else 0)
+        lines.append(f"{total} + {n} = {result}")
+        total = result
+    return "\n".join(lines) + f"\nThe answer is $\\boxed{{{total}}}$."
+
+
+def chain_steps(question: str, response: str) -> list[float]:
+    """The exact checker of a chain: 1.0 or 0.0 for each "x + y = z" line of `response`, in order. A line
+    is right when x is the running total as the response has it (the first number, then the previous
+    line's z), y the question's next number and z = x + y; so after a slip the lines that carry on from
+    it correctly are right, and the first wrong line is where the response went wrong.
+        ("What is 7 + 5 + 8?", "7 + 5 = 13\n13 + 8 = 21") -> [0.0, 1.0]"""
+    match = _CHAIN_QUESTION.search(question)
+    if not match:
+        raise ValueError(f"not a chain question: {question!r}")
+    numbers = [int(n) for n in match.group(1).split(" + ")]
+    scores, total, k = [], numbers[0], 1
+    for line in response.splitlines():
+        step = _CHAIN_LINE.match(line)
+        if not step:
+            continue
+        x, y, z = (int(v) for v in step.groups())
+        right = k < len(numbers) and x == total and y == numbers[k] and z == x + y
+        scores.append(1.0 if right else 0.0)
+        total, k = z, k + 1
+    return scores
+
+
 if __name__ == "__main__":
     import argparse
-    parser = argparse.ArgumentParser(description="Write a task file: python data.py sums --digits 2 --out sums.jsonl")
-    parser.add_argument("task", choices=["sums"])
+    parser = argparse.ArgumentParser(description="Write a task file: python data.py sums --digits 2 --out sums.jsonl; "
+                                     "python data.py chains --terms 3 --digits 1 --out chains.jsonl [--slip 0.1]")
+    parser.add_argument("task", choices=["sums", "chains"])
     parser.add_argument("--digits", type=int, default=2)
+    parser.add_argument("--terms", type=int, default=3, help="chains: numbers a question adds")
+    parser.add_argument("--slip", type=float, default=None,
+                        help="chains: write worked solutions (SFT data) whose steps slip with this probability")
+    parser.add_argument("--exclude", default=None, help="chains: a task file whose questions to leave out")
     parser.add_argument("--rows", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
     cli = parser.parse_args()
-    text = "".join(json.dumps(r) + "\n" for r in sums_rows(cli.rows, cli.digits, cli.seed))
+    rows = sums_rows(cli.rows, cli.digits, cli.seed) if cli.task == "sums" else \
+        chain_rows(cli.rows, cli.terms, cli.digits, cli.seed, cli.slip, {json.loads(line)["question"] for line in
+                   Path(cli.exclude).read_text().splitlines() if line.strip()} if cli.exclude else frozenset())
     Path(cli.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(cli.out).write_text(text)
+    Path(cli.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"{cli.out}: {cli.rows} questions")

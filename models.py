@@ -402,9 +402,72 @@ def smollm2_checkpoint(cache_dir: str | Path) -> Path:
     return out
 
 
+def sft_on_solutions(model_path: str | Path, rows: list[dict], out: str | Path, steps: int = 150, lr: float = 2e-5,
+                     batch_size: int = 8, seed: int = 0, log=print) -> Path:
+    """Supervised fine-tuning of a causal LM on worked solutions, as the paper's pipeline starts RL from
+    an SFT model: each row's "question" through the chat template with the paper's boxed suffix (what
+    train.py prompts with, data.build_prompt), its "solution" and EOS the target (loss on them only),
+    `steps` AdamW steps of `batch_size` rows drawn with `seed`, lr warmed up over the first tenth, fp32;
+    saved atomically to `out`. python data.py chains --slip S writes such rows.
+        python models.py sft --model .cache/smollm2-135m-instruct --data chains-sft.jsonl --out DIR"""
+    import random
+
+    import data
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).train()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    examples = []
+    for i, row in enumerate(rows):
+        if "question" not in row or "solution" not in row:
+            raise SystemExit(f"SFT row {i + 1}: needs 'question' and 'solution' (python data.py chains --slip S)")
+        prompt = data.build_prompt(tokenizer, row["question"])[0]
+        examples.append((prompt, tokenizer(row["solution"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 10)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup))
+    draw = random.Random(seed)
+    torch.manual_seed(seed)
+    for step in range(steps):
+        batch = [examples[draw.randrange(len(examples))] for _ in range(batch_size)]
+        width = max(len(p) + len(a) for p, a in batch)
+        ids = torch.full((batch_size, width), pad)
+        labels = torch.full((batch_size, width), -100)
+        attention = torch.zeros((batch_size, width), dtype=torch.long)
+        for j, (p, a) in enumerate(batch):  # right padding: every row starts at position 0
+            ids[j, :len(p) + len(a)] = torch.tensor(p + a)
+            labels[j, len(p):len(p) + len(a)] = torch.tensor(a)
+            attention[j, :len(p) + len(a)] = 1
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        if step % 10 == 0 or step == steps - 1:
+            log(f"SFT step {step + 1}/{steps}: loss {loss.item():.4f}")
+    toy_task.save_pretrained_atomic(model.eval(), tokenizer, Path(out))
+    return Path(out)
+
+
 if __name__ == "__main__":
     import argparse
-    parser = argparse.ArgumentParser(description="Build a real model's Hugging Face folder: smollm2")
-    parser.add_argument("model", choices=["smollm2"])
+    import json
+    parser = argparse.ArgumentParser(description="Build a real model's Hugging Face folder (smollm2), or SFT a model "
+                                     "on worked solutions (sft --model DIR --data rows.jsonl --out DIR)")
+    parser.add_argument("command", choices=["smollm2", "sft"])
     parser.add_argument("--cache-dir", default=".cache")
-    print(smollm2_checkpoint(parser.parse_args().cache_dir))
+    parser.add_argument("--model", help="sft: the model to fine-tune")
+    parser.add_argument("--data", help="sft: jsonl rows with 'question' and 'solution'")
+    parser.add_argument("--out", help="sft: the folder to write")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    cli = parser.parse_args()
+    if cli.command == "smollm2":
+        print(smollm2_checkpoint(cli.cache_dir))
+    else:
+        if not (cli.model and cli.data and cli.out):
+            raise SystemExit("sft needs --model, --data and --out")
+        rows = [json.loads(line) for line in Path(cli.data).read_text().splitlines() if line.strip()]
+        print(sft_on_solutions(cli.model, rows, cli.out, cli.steps, cli.lr, cli.batch_size, cli.seed))

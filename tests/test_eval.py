@@ -191,6 +191,71 @@ def test_sums_task_file_is_distinct_two_digit_questions_with_their_sums(tmp_path
         data.sums_rows(82, 1)
 
 
+def test_chain_task_file_its_worked_solutions_and_their_exact_checker(tmp_path):
+    """python data.py chains (issue 53's task with steps): distinct questions of three one-digit numbers,
+    gold the total; the SFT file's worked solutions leave out the RL file's questions, slip as often as
+    asked and carry on from a slip; chain_steps marks each line by hand-worked rules."""
+    rl, sft = tmp_path / "chains.jsonl", tmp_path / "chains-sft.jsonl"
+    subprocess.run([sys.executable, str(Path(data.__file__)), "chains", "--terms", "3", "--digits", "1", "--rows", "400",
+                    "--out", str(rl)], check=True, capture_output=True)
+    subprocess.run([sys.executable, str(Path(data.__file__)), "chains", "--terms", "3", "--digits", "1", "--rows", "300",
+                    "--seed", "1", "--slip", "0.2", "--exclude", str(rl), "--out", str(sft)], check=True, capture_output=True)
+    rows, demos = data.read_rows(rl), data.read_rows(sft)
+    numbers = [[int(x) for x in r["question"].removeprefix("What is ").removesuffix("?").split(" + ")] for r in rows]
+    assert len({tuple(n) for n in numbers}) == 400 and all(len(n) == 3 and 1 <= min(n) and max(n) <= 9 for n in numbers)
+    assert all(r["answer"] == str(sum(n)) for r, n in zip(rows, numbers))
+    assert not {r["question"] for r in rows} & {r["question"] for r in demos}  # no held-out question is a demonstration
+    steps = [data.chain_steps(r["question"], r["solution"]) for r in demos]
+    assert all(len(s) == 2 for s in steps)
+    slips = sum(s.count(0.0) for s in steps) / (2 * len(steps))
+    assert 0.15 < slips < 0.25  # 600 steps at p = 0.2: 3 standard errors is 0.05
+    for r, s in zip(demos, steps):  # a demonstration with no slip boxes the right total
+        if s == [1.0, 1.0]:
+            assert f"\\boxed{{{r['answer']}}}" in r["solution"]
+    assert data.chain_solution((7, 5, 8), __import__("random").Random(0), 0.0) == \
+        "7 + 5 = 12\n12 + 8 = 20\nThe answer is $\\boxed{20}$."
+    question = "What is 7 + 5 + 8?"
+    assert data.chain_steps(question, "7 + 5 = 12\n12 + 8 = 20") == [1.0, 1.0]
+    assert data.chain_steps(question, "7 + 5 = 13\n13 + 8 = 21") == [0.0, 1.0]  # carries on from its slip
+    assert data.chain_steps(question, "7 + 5 = 12\n13 + 8 = 21") == [1.0, 0.0]  # not its running total
+    assert data.chain_steps(question, "1. 7 + 5 = 12\nso\n2. 12 + 9 = 21\n21 + 1 = 22") == [1.0, 0.0, 0.0]
+    assert data.chain_steps(question, "The answer is 20.") == []
+    with pytest.raises(ValueError, match="not a chain question"):
+        data.chain_steps("What is 7?", "7 + 0 = 7")
+    with pytest.raises(SystemExit, match="only 729 questions"):
+        data.chain_rows(700, 3, 1, exclude={r["question"] for r in rows})
+
+
+def test_sft_on_solutions_learns_the_targets_and_saves_a_loadable_model(cache_dir, tmp_path):
+    """models.sft_on_solutions on the embedded model (no chat template: the plain prompt): a few steps on
+    two worked solutions lower their loss, and the folder it writes reloads with from_pretrained."""
+    import models
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    start = toy_task.sft_checkpoint(cache_dir, SFT_STEPS)
+    rows = [{"question": "(1+2)*3", "solution": "1+2=3\n3*3=9\n\\boxed{9}"},
+            {"question": "(4+4)-5", "solution": "4+4=8\n8-5=3\n\\boxed{3}"}]
+    tokenizer = AutoTokenizer.from_pretrained(start)
+
+    def loss(model):
+        total = 0.0
+        for row in rows:
+            prompt = data.build_prompt(tokenizer, row["question"])[0]
+            target = tokenizer(row["solution"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            ids = torch.tensor([prompt + target])
+            labels = torch.tensor([[-100] * len(prompt) + target])
+            with torch.no_grad():
+                total += model(input_ids=ids, labels=labels).loss.item()
+        return total
+
+    before = loss(AutoModelForCausalLM.from_pretrained(start))
+    out = models.sft_on_solutions(start, rows, tmp_path / "sft", steps=8, lr=1e-3, batch_size=2, log=lambda m: None)
+    after = loss(AutoModelForCausalLM.from_pretrained(out))
+    assert after < 0.5 * before, (before, after)
+    with pytest.raises(SystemExit, match="needs 'question' and 'solution'"):
+        models.sft_on_solutions(start, [{"question": "1+1"}], tmp_path / "bad", steps=1)
+
+
 def test_multiple_answer_gold_needs_all_answers_in_any_order():
     scores = verify.score_batch(["\\boxed{69}", "\\boxed{84, 69}", "\\boxed{69, 84}"],
                                 ["$69$,$84$"] * 3, ["math"] * 3)
