@@ -111,7 +111,7 @@ class Args:
     gopd_lambda: float = 1.25
     """--process gopd: lambda of lambda (l_T - l_B) - (l_theta - l_B), base = the starting policy (PASS v1: 1.25)"""
     step_scorer: str = "toy"
-    """--process step: 'toy' (the embedded task's exact step checker), 'toy-first' (the same checker marking only the first wrong line wrong: the most an outcome-trained PRM could tell) or the path of an HF step PRM (e.g. Qwen2.5-Math-PRM-7B)"""
+    """--process step: 'toy' (the embedded task's exact step checker), 'toy-first' (the same checker marking only the first wrong line wrong: the most an outcome-trained PRM could tell), 'chains' (the exact checker of a `data.py chains` file) or the path of an HF step PRM (e.g. Qwen2.5-Math-PRM-7B)"""
     step_noise: float = 0.0
     """--process step: add N(0, SD^2) noise to every step score (seeded by --seed and the step): a perfect checker made as noisy as a learned PRM (issue 29, E4)"""
     step_separator: str = ""
@@ -330,9 +330,9 @@ def check_args(args: Args) -> None:
     for flag, path in (("--model", args.model), ("--teacher", args.teacher)):
         if path and not Path(path).exists() and "/" not in path:
             bad(f"{flag} {path}: no such local path (and not a hub name like org/model)")
-    if args.process == "step" and args.step_scorer not in step_prm.TOY_SCORERS \
+    if args.process == "step" and args.step_scorer not in (*step_prm.TOY_SCORERS, "chains") \
             and not Path(args.step_scorer).exists() and "/" not in args.step_scorer:
-        bad(f"--step-scorer {args.step_scorer}: 'toy', 'toy-first' or the path of a step PRM")
+        bad(f"--step-scorer {args.step_scorer}: 'toy', 'toy-first', 'chains' or the path of a step PRM")
     if args.prm_init not in ("", "teacher") and not Path(args.prm_init).exists() and "/" not in args.prm_init:
         bad(f"--prm-init {args.prm_init}: 'teacher' or a model path (no such local path)")
     if not args.data:

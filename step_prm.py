@@ -28,7 +28,9 @@ import re
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification, AutoTokenizer
 
+import data
 import toy_task
+import verify
 
 
 def step_spans(text: str, separator: str) -> list[tuple[int, int]]:
@@ -191,7 +193,34 @@ class HFStepPRM:
         return out
 
 
-TOY_SCORERS = ("toy", "toy-first")
+TOY_SCORERS = ("toy", "toy-first")  # the embedded task's checkers; "chains" checks `data.py chains` files
+
+
+class ChainStepChecker:
+    """The exact step checker of a `data.py chains` task, as a step scorer (one step per line): a sum line
+    "x + y = z" scores as data.chain_steps marks it (x the running total the response has, y the
+    question's next number, z = x + y), the line that boxes the running total it reached 1, any other
+    line 0. Example: "What is 7 + 5 + 8?", "7 + 5 = 13\\n13 + 8 = 21\\nSo \\\\boxed{21}" -> [0, 1, 1]."""
+
+    separator = "\n"
+
+    def score(self, questions: list[str], responses: list[str]) -> list[list[float]]:
+        out = []
+        for question, response in zip(questions, responses):
+            lines = step_texts(response, self.separator)
+            sums = iter(data.chain_steps(question, "\n".join(lines)))
+            scores, total = [], None
+            for line in lines:
+                step = data._CHAIN_LINE.match(line)
+                if step:
+                    scores.append(next(sums))
+                    total = int(step.group(3))
+                else:
+                    boxed = verify.extract_boxed(line)
+                    scores.append(1.0 if boxed is not None and total is not None and boxed.strip() == str(total)
+                                  else 0.0)
+            out.append(scores)
+        return out
 
 
 def load_step_scorer(spec: str, device="cpu", separator: str = ""):
@@ -201,6 +230,8 @@ def load_step_scorer(spec: str, device="cpu", separator: str = ""):
         return ToyStepChecker()
     if spec == "toy-first":
         return ToyFirstStepChecker()
+    if spec == "chains":
+        return ChainStepChecker()
     return HFStepPRM(spec, device, separator=separator or "\n\n")
 
 

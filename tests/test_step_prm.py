@@ -43,6 +43,22 @@ def test_toy_checker_scores_responses_split_at_newlines():
         [[1.0, 0.0, 1.0, 1.0], [1.0, 1.0]]
 
 
+def test_chain_checker_scores_every_line_of_a_chains_response():
+    """--step-scorer chains (data.py chains files): one score per line, by hand: a sum line as
+    data.chain_steps marks it, the boxed line 1 when it holds the running total the response reached,
+    any other line 0; the question may carry train.py's boxed suffix."""
+    checker = step_prm.load_step_scorer("chains")
+    question = "What is 7 + 5 + 8?\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
+    responses = ["7 + 5 = 12\n12 + 8 = 20\nThe answer is $\\boxed{20}$.",
+                 "7 + 5 = 13\n13 + 8 = 21\nThe answer is $\\boxed{21}$.",   # slip, carried on, boxed its own total
+                 "7 + 5 = 12\n12 + 8 = 20\nThe answer is $\\boxed{21}$.",   # boxes a total it did not reach
+                 "First add.\n7 + 5 = 12\n12 + 9 = 21\nSo $\\boxed{21}$"]   # a line of words, a wrong number
+    assert checker.score([question] * 4, responses) == [[1.0, 1.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 0.0],
+                                                        [0.0, 1.0, 0.0, 1.0]]
+    assert checker.separator == "\n"
+    assert len(step_prm.step_texts(responses[3], checker.separator)) == 4  # one score per step the token map sees
+
+
 @pytest.mark.parametrize("local, first_only", [
     ([1, 0, 1, 0, 1], [1, 0, 1, 1, 1]),   # two slips: only the first stays wrong
     ([0, 0, 0], [0, 1, 1]),               # every line wrong: the first one
