@@ -273,4 +273,3 @@ def run_update(model, optimizer, loss_fn, count, plan: list[list[MicroBatch]], a
     if args.offload_optimizer:
         optimizer_state_to(optimizer, "cpu")
     return all_reduce(losses, d)  # the global mean (global), the mean over ranks of micro-means (micro)
-

@@ -428,15 +428,8 @@ def sft_on_solutions(model_path: str | Path, rows: list[dict], out: str | Path, 
     draw = random.Random(seed)
     torch.manual_seed(seed)
     for step in range(steps):
-        batch = [examples[draw.randrange(len(examples))] for _ in range(batch_size)]
-        width = max(len(p) + len(a) for p, a in batch)
-        ids = torch.full((batch_size, width), pad)
-        labels = torch.full((batch_size, width), -100)
-        attention = torch.zeros((batch_size, width), dtype=torch.long)
-        for j, (p, a) in enumerate(batch):  # right padding: every row starts at position 0
-            ids[j, :len(p) + len(a)] = torch.tensor(p + a)
-            labels[j, len(p):len(p) + len(a)] = torch.tensor(a)
-            attention[j, :len(p) + len(a)] = 1
+        ids, attention, labels = toy_task.sft_batch_of_ids(
+            [examples[draw.randrange(len(examples))] for _ in range(batch_size)], pad)
         loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()

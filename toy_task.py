@@ -211,14 +211,18 @@ def build_model(tokenizer, seed: int = 0):
 def sft_batch(tokenizer, examples: list[tuple[str, str]]):
     """Teacher-forcing batch of (prompt, solution): prompt + solution + EOS, loss only on the
     solution and EOS."""
-    rows, labels = [], []
-    for prompt, solution in examples:
-        prompt_ids = tokenizer(prompt)["input_ids"]
-        answer_ids = tokenizer(solution)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(prompt_ids + answer_ids)
-        labels.append([-100] * len(prompt_ids) + answer_ids)
+    pairs = [(tokenizer(prompt)["input_ids"], tokenizer(solution)["input_ids"] + [tokenizer.eos_token_id])
+             for prompt, solution in examples]
+    return sft_batch_of_ids(pairs, tokenizer.pad_token_id)
+
+
+def sft_batch_of_ids(examples: list[tuple[list[int], list[int]]], pad_id: int):
+    """(input ids, attention mask, labels) of (prompt ids, target ids) pairs, right-padded with `pad_id`:
+    each row prompt + target, the labels -100 except on the target."""
+    rows = [prompt + target for prompt, target in examples]
+    labels = [[-100] * len(prompt) + target for prompt, target in examples]
     width = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    input_ids = torch.full((len(rows), width), pad_id)
     label_ids = torch.full((len(rows), width), -100)
     attention = torch.zeros((len(rows), width), dtype=torch.long)
     for i, (r, lab) in enumerate(zip(rows, labels)):  # right padding: positions start at 0 anyway

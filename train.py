@@ -182,8 +182,9 @@ def kept_batch(ro: Rollout, outcome, texts: list[str], tasks: list[Task], args: 
 def with_plans(b: Batch, args: Args, d: Dist) -> Batch:
     """`b` with its updates' micro-batches, planned once a step; the no-grad pass paired with an update
     (pi_old with the policy's, the reference with the PRM's) runs in the same ones, for the same numbers."""
-    return dataclasses.replace(b, plan=plan_update(b.ro, b.n_train, args, d), prm_plan=plan_update(
-        b.ro, b.n_prm, args, d, unit=args.n_samples if args.prm_loss == "dpo" else 1))
+    prm_plan = plan_update(b.ro, b.n_prm, args, d, unit=args.n_samples if args.prm_loss == "dpo" else 1) \
+        if args.process in ("implicit", "gopd") else None  # the PRM's update, or G-OPD's base pass
+    return dataclasses.replace(b, plan=plan_update(b.ro, b.n_train, args, d), prm_plan=prm_plan)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -395,8 +396,8 @@ def needs_old_logprobs(args: Args, models: Models, ro: Rollout) -> bool:
     The pass is needed with several mini-batches (from the second on, the model is no longer pi_old),
     where pi_old is the PRM's reference (--reference policy at T = 1) or OPD's student, and where
     another engine sampled (vLLM: the rollout correction compares the two engines' log-probs)."""
-    return (args.mini_batches > 1 or args.process in ("opd", "gopd") or ro.sampler_logprobs is not None
-            or (args.process == "implicit" and models.reference is None and args.temperature == 1.0))
+    return (args.mini_batches > 1 or ro.sampler_logprobs is not None or (args.temperature == 1.0 and (
+        args.process in ("opd", "gopd") or (args.process == "implicit" and models.reference is None))))
 
 
 def rollout_correction(args: Args, b: Batch, logp_old):

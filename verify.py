@@ -280,9 +280,14 @@ def _box_spans(text: str) -> list[tuple[int, int]]:
     return found
 
 
+def _box_content(text: str, span: tuple[int, int]) -> str:
+    """What a box of _box_spans holds, between its opening brace and its closing one."""
+    return text[_BOX_START.match(text, span[0]).end():span[1]]
+
+
 def _boxes(text: str) -> list[str]:
     """The contents of every closed outermost box, in order."""
-    return [text[_BOX_START.match(text, start).end():end] for start, end in _box_spans(text)]
+    return [_box_content(text, span) for span in _box_spans(text)]
 
 
 # Between two boxes that state one answer together: a few words of connection ("and", ", then", "; the
@@ -308,7 +313,7 @@ def final_boxes(text: str) -> list[str]:
         if len(between) > _MAX_BETWEEN or _REJECTING.search(between):
             break
         group.insert(0, span)
-    return [text[_BOX_START.match(text, start).end():end] for start, end in group]
+    return [_box_content(text, span) for span in group]
 
 
 # "x = " or "f(3/5) = " at the start of a box: the value is what follows
