@@ -334,6 +334,12 @@ _CHAIN_QUESTION = re.compile(r"What is (\d+(?: \+ \d+)+)\?")
 _CHAIN_LINE = re.compile(r"^\s*(?:\d+\.\s*)?(-?\d+)\s*\+\s*(-?\d+)\s*=\s*(-?\d+)\s*$")
 
 
+def is_chain_question(question: str) -> bool:
+    """A `data.py chains` (or `sums`) question, "What is a + b + ...?" (train.py's boxed suffix may follow),
+    whose steps ChainStepChecker checks."""
+    return _CHAIN_QUESTION.match(question.strip()) is not None
+
+
 def chain_rows(rows: int, terms: int = 3, digits: int = 1, seed: int = 0, solution_slip: float | None = None,
                exclude: set[str] = frozenset()) -> list[dict]:
     """`rows` distinct "What is a + b + c?" questions of `terms` numbers of `digits` digits each (1-9 for

@@ -342,7 +342,8 @@ def write_episodes(run_dir: Path, step: int, batch, texts: list[str], rows, n_tr
     """A few responses per step with their per-token rewards: the most instructive artifact of a
     PRIME run. One wrong and one right response first, when the step trained on both; `reward` is
     Eq. 3's r_phi (or the raw signal of --process), `process_reward` what the estimator received
-    (after --process-norm); `step_ids` / `first_wrong` (embedded task) mark the exact checker's steps."""
+    (after --process-norm); `step_ids` / `first_wrong` mark an exact checker's steps where the task
+    has one (step_prm.checker_steps)."""
     real = list(range(max(n_train, 0)))
     wrong = [i for i in real if outcome[i] < 1][:1]
     right = [i for i in real if outcome[i] >= 1][:1]

@@ -285,11 +285,18 @@ def first_wrong_steps(step_scores: torch.Tensor, step_ids: torch.Tensor) -> torc
     return torch.where(first < step_scores.shape[1], first, torch.full_like(first, -1))
 
 
-def toy_checker_steps(tokenizer, questions: list[str], responses: list[str], ro):
-    """Embedded task only: the step of each response token (B, R) and the first step the exact checker
-    (ToyStepChecker) marks wrong (B,), -1 if none; `ro` the responses' Rollout."""
-    scores, step_ids = step_scores_and_ids(ToyStepChecker(), tokenizer, questions, responses, ro.response_ids,
-                                           ro.response_mask)
+def checker_steps(tokenizer, questions: list[str], responses: list[str], ro, embedded: bool):
+    """Where an exact checker knows the steps: the step of each response token (B, R) and the first step
+    it marks wrong (B,), -1 if none; `ro` the responses' Rollout. The embedded task has ToyStepChecker;
+    a `data.py chains` or `sums` file (every question "What is a + b + ...?") has ChainStepChecker;
+    any other --data has none: (None, None), and the localisation and the episodes' steps are not drawn."""
+    if embedded:
+        checker = ToyStepChecker()
+    elif questions and all(data.is_chain_question(q) for q in questions):
+        checker = ChainStepChecker()
+    else:
+        return None, None
+    scores, step_ids = step_scores_and_ids(checker, tokenizer, questions, responses, ro.response_ids, ro.response_mask)
     return step_ids, first_wrong_steps(scores, step_ids)
 
 

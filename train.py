@@ -312,7 +312,7 @@ def pairwise_accuracy_sum(sequence_score, outcome, n_train: int, args: Args) -> 
 
 
 def localization_sum(args: Args, b: Batch, signal, step_ids, first_wrong, d: Dist) -> tuple[float, int]:
-    """Does the process signal blame the first wrong step? (embedded task: the exact checker knows it)
+    """Does the process signal blame the first wrong step? (where an exact checker knows it)
     (wrong responses whose most negative step is their first wrong one, wrong responses)."""
     if first_wrong is None or args.process == "none":
         return 0, 0
@@ -524,9 +524,9 @@ def main(argv=None):
         # 4. Process signal: the implicit PRM's rewards (Eq. 3) and its CE update (lines 7-8) ------
         with timed(times, "prm"):
             signal, sequence_score, step_ids, prm_losses = process_signal(args, models, b, logp_old, logp_ref, d, step)
-            step_ids_toy, first_wrong = (None, None) if args.data else step_prm.toy_checker_steps(
-                tokenizer, b.questions, b.texts, b.ro)  # the embedded task's exact checker: where it went wrong
-            localized, n_wrong = localization_sum(args, b, signal, step_ids_toy, first_wrong, d)
+            checked_steps, first_wrong = step_prm.checker_steps(tokenizer, b.questions, b.texts, b.ro,
+                                                                embedded=not args.data)  # an exact checker's verdict
+            localized, n_wrong = localization_sum(args, b, signal, checked_steps, first_wrong, d)
 
         # 5. Advantages, Eq. 5 (line 9), with the whole batch's statistics over all ranks ------------
         process = process_rewards(args, signal, step_ids, b.train_mask, b.outcome, d)  # (B, R) per-token rewards
@@ -563,7 +563,7 @@ def main(argv=None):
             runlog.append_jsonl(run_dir / "metrics.jsonl", {**metrics, "time": times})
             reward = args.beta * signal if args.process == "implicit" else signal  # Eq. 3's r_phi per token
             runlog.write_episodes(run_dir, step + 1, b.ro, texts, b.rows, b.n_train, b.outcome, process, reward,
-                                  step_ids_toy, first_wrong, tokenizer, args.episodes_per_step)
+                                  checked_steps, first_wrong, tokenizer, args.episodes_per_step)
             bar.set_postfix(reward=f"{metrics['reward']:.3f}", prm_acc=runlog.fmt(metrics["prm_accuracy"]),
                             kept=f"{metrics['kept_groups']}/{metrics['prompts']}")
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:

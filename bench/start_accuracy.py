@@ -41,7 +41,7 @@ def main(argv=None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     rows = data.read_rows(opts.data)[:opts.problems]
-    chains = all(data._CHAIN_QUESTION.fullmatch(r["question"]) for r in rows)
+    chains = all(data.is_chain_question(r["question"]) for r in rows)
     results = {}
     for path in opts.model:
         tokenizer = AutoTokenizer.from_pretrained(path)

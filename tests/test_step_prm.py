@@ -1,5 +1,7 @@
 """Step-level process rewards (step_prm.py, toy_task.check_steps): checker, step->token map, HF PRM."""
 
+import types
+
 import pytest
 import torch
 
@@ -57,6 +59,35 @@ def test_chain_checker_scores_every_line_of_a_chains_response():
                                                         [0.0, 1.0, 0.0, 1.0]]
     assert checker.separator == "\n"
     assert len(step_prm.step_texts(responses[3], checker.separator)) == 4  # one score per step the token map sees
+
+
+def test_checker_steps_finds_the_first_wrong_line_of_a_chains_batch_and_no_checker_elsewhere():
+    """step_prm.checker_steps, what train.py's localisation and episodes read: on a chains batch each
+    token's line (by hand, one token a character with the toy tokenizer) and the first line
+    ChainStepChecker marks wrong; on other --data no checker; on the embedded task ToyStepChecker's."""
+    tok = toy_task.build_tokenizer()
+    question = "What is 7 + 5 + 8?\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
+    responses = ["7+5=13\n13+8=21\n\\boxed{21}",     # slips at line 0
+                 "7+5=12\n12+8=20\n\\boxed{20}",     # right
+                 "7+5=12\n12+8=21\n\\boxed{21}"]     # slips at line 1
+    encoded = [tok(r)["input_ids"] + [tok.eos_token_id] for r in responses]
+    T = max(map(len, encoded))
+    ids, mask = torch.full((3, T), tok.pad_token_id), torch.zeros(3, T, dtype=torch.long)
+    for i, e in enumerate(encoded):
+        ids[i, :len(e)], mask[i, :len(e)] = torch.tensor(e), 1
+    ro = types.SimpleNamespace(response_ids=ids, response_mask=mask)
+    step_ids, first_wrong = step_prm.checker_steps(tok, [question] * 3, responses, ro, embedded=False)
+    assert first_wrong.tolist() == [0, -1, 1]
+    # row 1 by hand: "7+5=12\n" is line 0 (7 tokens), "12+8=20\n" line 1 (8), "\\boxed{20}" line 2
+    # (the toy tokenizer's \\boxed{ is one token: 4 tokens), then the EOS, which is in no line
+    row = step_ids[1, :int(mask[1].sum())].tolist()
+    assert row[:7] == [0] * 7 and row[7:15] == [1] * 8 and row[15:-1] == [2] * (len(row) - 16)
+    assert (step_ids[mask == 0] == -1).all()
+    assert step_prm.checker_steps(tok, ["How many legs has a cat?"] * 3, responses, ro, embedded=False) == (None, None)
+    toy_steps, toy_first = step_prm.checker_steps(tok, ["((7+5)*3)-4\n"], ["7+5=13\n13*3=39"], types.SimpleNamespace(
+        response_ids=torch.tensor([tok("7+5=13\n13*3=39")["input_ids"]]),
+        response_mask=torch.ones(1, len(tok("7+5=13\n13*3=39")["input_ids"]), dtype=torch.long)), embedded=True)
+    assert toy_first.tolist() == [0]
 
 
 @pytest.mark.parametrize("local, first_only", [
