@@ -9,6 +9,7 @@
     python reproduce.py all --report-only      # redraw plots and tables from the finished runs
     python reproduce.py all --paired-from-json # the paired differences the text quotes, from results.json
     python reproduce.py prime-vs-rloo --seeds 1 2 --steps 40 --jobs 1
+    python reproduce.py real                   # PRIME vs outcome-only on SmolLM2, tuned, 5 seeds (real_study.py)
 
 Each arm is a plain `python train.py` run with the flags in ARMS, written to runs/repro/<arm>-s<seed>/.
 A finished run (summary.json present) is not run again, so an interrupted reproduction continues
@@ -379,6 +380,10 @@ def parse_study_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Nam
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["real"]:  # the real model's comparison has its own protocol and flags
+        import real_study
+        return real_study.main(argv[1:])
     parser = same_parser(__doc__)
     parser.add_argument("comparison", choices=[*COMPARISONS, "all"], help="a comparison, or all five")
     parser.add_argument("--paired-from-json", action="store_true",

@@ -146,3 +146,39 @@ def test_a_real_gsm8k_prompt_fits_the_real_defaults(smollm, tokenizer, tmp_path)
     train_tasks, held = load_tasks(args, tokenizer)
     assert len(train_tasks) + len(held) == 60 and len(held) == 6
     assert all(verify.score_batch([f"\\boxed{{{t.answer}}}"], [t.answer], ["math"])[0].reward == 1 for t in held)
+
+
+def test_the_real_study_runs_its_lr_grid_records_it_and_resumes_from_the_record(smollm, cache_dir, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """`python reproduce.py real --tasks sums2 --phases lr`, shortened (one lr, 2 steps, 2 held-out
+    problems): the task file and its validation file are built, the grid run is a train.py run on the
+    validation split recorded in study.json with its curves, the choice is made from the record, and a
+    second call runs nothing: what study.json holds is not run again (runs/ deleted in between)."""
+    import shutil
+
+    import reproduce
+    import real_study
+    monkeypatch.setattr(real_study, "LR_GRID", ["1e-5"])
+    out, figures = tmp_path / "runs", tmp_path / "figures"
+    short = ["--steps", "2", "--eval-every", "1", "--eval-problems", "2", "--eval-samples", "1",
+             "--max-response-len", "16", "--prompts-per-step", "2", "--rollout", "hf"]
+    argv = ["real", "--tasks", "sums2", "--phases", "lr", "--out", str(out), "--figures", str(figures),
+            "--cache-dir", str(cache_dir), "--jobs", "1", *short]
+    reproduce.main(argv)
+    rows = [json.loads(line) for line in (out / "sums2.jsonl").read_text().splitlines()]
+    validation = [json.loads(line) for line in (out / "sums2-validation.jsonl").read_text().splitlines()]
+    assert len(rows) == real_study.ROWS and validation == rows[real_study.HELD_OUT:]  # never the held-out rows
+    study = json.loads((figures / "study.json").read_text())
+    assert list(study["runs"]) == ["sums2-lr-rloo-1e-5-s1"]
+    run = study["runs"]["sums2-lr-rloo-1e-5-s1"]
+    assert run["flags"]["data"].endswith("sums2-validation.jsonl") and run["flags"]["policy_lr"] == 1e-5
+    assert run["flags"]["process"] == "none" and run["flags"]["filter_mode"] == "refill"
+    assert run["curves"]["step"] == [1, 2] and run["curves"]["eval_step"] == [0, 1, 2]
+    assert len(run["curves"]["heldout_sampled"]) == 3 and run["start_sha256"] == models.SMOLLM2_WEIGHTS_SHA256
+    assert real_study.choice("sums2", "lr", study) == {"policy_lr": "1e-5"}
+    shutil.rmtree(out / "sums2-lr-rloo-1e-5-s1")
+    capsys.readouterr()
+    reproduce.main(argv)
+    assert not (out / "sums2-lr-rloo-1e-5-s1").exists(), "a run recorded in study.json ran again"
+    printed = capsys.readouterr().out
+    assert "## 1. the policy lr" in printed and "| 1e-5 |" in printed and "| yes |" in printed

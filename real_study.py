@@ -1,0 +1,383 @@
+"""PRIME against outcome-only RLOO on a real model (SmolLM2-135M-Instruct), tuned per arm and paired over
+5 seeds, by the protocol below (issue 53). Resumable across machines: every finished run's numbers and
+curves go to docs/figures/real/study.json, and a run recorded there is never run again, so a later
+session (whose runs/ is gone) continues the protocol where the file stops.
+
+    python reproduce.py real                                  # the whole protocol, resuming study.json
+    python reproduce.py real --tasks chains --phases lr       # a part of it
+    python reproduce.py real --report-only                    # tables, choices, verdicts, plots from study.json
+
+The protocol, PRIME's adapted to a 2-core CPU (docs/REPRODUCTION.md section 3 states it):
+  tasks    chains: "What is a + b + c + d + e?", five two-digit numbers (`python data.py chains`), worked
+           one line a step, so the answer depends on every step and data.chain_steps checks each one.
+           The start is SmolLM2 after a short SFT (60 steps) on a slipping demonstrator's worked
+           solutions of FOUR numbers (PRIME starts RL from an SFT model too): on five it starts at 35%
+           held-out sampled accuracy, 91% of its responses writing every step (bench/start_accuracy.py). sums2: "What is a + b?", two-digit, from
+           SmolLM2 as converted (section 3's first task; one line, no steps to tell apart).
+  a run    train.py, 8 prompts x 4 samples a step at temperature 0.7, STEPS steps, the official refill
+           filter (the PRM learns from full batches), RLOO, bf16 autocast as on a GPU, vLLM sampling
+           where vllm is installed (with its rollout correction and logged mismatch), HF generate
+           otherwise; the held-out accuracy (40 problems, greedy and 4 samples) every 10 steps.
+  1. lr    outcome-only at each policy lr of LR_GRID, seed 1, on the validation split: the task file
+           without its first 40 rows (train.py then holds out the next 40, the validation questions,
+           and trains on the rest). Chosen: the highest validation score (SCORE_EVALS).
+  2. prm   PRIME at that policy lr, at each PRM lr x beta of PRM_GRID (beta: the paper's 0.05 and the
+           project's 1.0), seed 1, the same split and rule.
+  3. seeds both arms at their choices, seeds 1-5, on the whole file: its first 40 questions, which no
+           grid run saw, are the held-out ones. Paired by seed (reproduce.paired), the project's rule.
+"""
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
+
+import data  # noqa: E402
+import runlog  # noqa: E402
+from reproduce import REPO, paired, paired_cells, run_all, save_figure  # noqa: E402
+
+TASKS = {  # the task file (data.py), its start, and what its responses need
+    "chains": dict(data=["chains", "--terms", "5", "--digits", "2"], max_len=128,
+                   sft=["chains", "--terms", "4", "--digits", "2", "--rows", "320", "--seed", "1", "--slip", "0.1"],
+                   sft_steps=60),
+    "sums2": dict(data=["sums", "--digits", "2"], max_len=96, sft=None, sft_steps=0),
+}
+ROWS = 500            # questions per task file: 40 held out, 40 validation, the rest to train on
+HELD_OUT = 40
+STEPS = 40
+LR_GRID = ["3e-6", "1e-5", "3e-5"]                 # policy lr, outcome-only (section 3's runs used 5e-6)
+PRM_GRID = [(1, "0.05"), (1, "1.0"), (3, "0.05"), (3, "1.0")]   # (PRM lr / policy lr, beta)
+SEEDS = [1, 2, 3, 4, 5]
+SCORE_EVALS = 3       # a grid run's score: the mean validation sampled accuracy of its last 3 evaluations
+COLLAPSE = 0.5        # a run collapsed when its held-out greedy accuracy ends below half its start's
+PHASES = ["lr", "prm", "seeds"]
+LABELS = {"rloo": "outcome-only", "prime": "PRIME"}
+_RECORD = threading.Lock()  # two runs finish at once: one writer of study.json at a time
+
+
+def run_flags(task: str, paths: dict, validation: bool) -> list[str]:
+    """train.py's flags every run of a task shares (the arm and its lrs come on top)."""
+    rollout = "vllm" if importlib.util.find_spec("vllm") else "hf"
+    return ["--model", str(paths["start"]), "--data", str(paths["tune" if validation else "data"]),
+            "--prompt-key", "question", "--temperature", "0.7", "--max-response-len", str(TASKS[task]["max_len"]),
+            "--prompts-per-step", "8", "--n-samples", "4", "--filter-mode", "refill", "--rloo-form", "paper",
+            "--eval-problems", str(HELD_OUT), "--eval-samples", "4", "--eval-every", "10", "--save-every", "10",
+            "--rollout", rollout, "--precision", "bf16"]  # bf16 autocast: 1.6x faster updates on an AVX512-BF16 CPU
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def prepare(task: str, out: Path, cache_dir: str) -> dict:
+    """The task file, its validation file and its start, built once by the commands the docs give;
+    returns their paths and hashes (a recorded run pairs only with runs of the same start)."""
+    spec, out = TASKS[task], out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"data": out / f"{task}.jsonl", "tune": out / f"{task}-validation.jsonl"}
+    if not paths["data"].exists():
+        subprocess.run([sys.executable, "data.py", *spec["data"], "--rows", str(ROWS), "--out", str(paths["data"])],
+                       check=True, cwd=REPO)
+    if not paths["tune"].exists():  # the file without its held-out rows: train.py's next 40 validate
+        rows = data.read_rows(str(paths["data"]))[HELD_OUT:]
+        runlog.write_atomic(paths["tune"], "".join(json.dumps(r) + "\n" for r in rows))
+    base = Path(cache_dir).resolve() / "smollm2-135m-instruct"
+    if not (base / "config.json").exists():
+        subprocess.run([sys.executable, "models.py", "smollm2", "--cache-dir", cache_dir], check=True, cwd=REPO)
+    paths["start"] = base
+    if spec["sft"]:
+        paths["start"] = Path(cache_dir).resolve() / f"smollm2-{task}-sft"
+        if not (paths["start"] / "config.json").exists():
+            solutions = out / f"{task}-sft.jsonl"
+            subprocess.run([sys.executable, "data.py", *spec["sft"], "--exclude", str(paths["data"]),
+                            "--out", str(solutions)], check=True, cwd=REPO)
+            subprocess.run([sys.executable, "models.py", "sft", "--model", str(base), "--data", str(solutions),
+                            "--out", str(paths["start"]), "--steps", str(spec["sft_steps"])], check=True, cwd=REPO)
+    return {**paths, "data_sha256": sha256(paths["data"]),
+            "start_sha256": sha256(paths["start"] / "model.safetensors")}
+
+
+def grid_runs(task: str, phase: str, study: dict) -> list[tuple[str, dict]] | None:
+    """(run name, setting) of one phase of a task, or None while the phase it rests on is not finished
+    (its choice is not made yet). A name is also the run's folder in --out and its key in study.json."""
+    if phase == "lr":
+        return [(f"{task}-lr-rloo-{lr}-s1", dict(arm="rloo", seed=1, policy_lr=lr)) for lr in LR_GRID]
+    lr = choice(task, "lr", study)
+    if lr is None:
+        return None
+    if phase == "prm":
+        return [(f"{task}-prm-{k}x-beta{beta}-s1", dict(arm="prime", seed=1, policy_lr=lr["policy_lr"],
+                                                       prm_lr=f"{k * float(lr['policy_lr']):g}", beta=beta))
+                for k, beta in PRM_GRID]
+    prm = choice(task, "prm", study)
+    if prm is None:
+        return None
+    return [(f"{task}-{arm}-s{seed}", dict(arm=arm, seed=seed, **(lr if arm == "rloo" else prm)))
+            for seed in SEEDS for arm in ("rloo", "prime")]
+
+
+def arm_flags(setting: dict) -> list[str]:
+    flags = ["--policy-lr", setting["policy_lr"]]
+    if setting["arm"] == "rloo":
+        return flags + ["--process", "none"]
+    return flags + ["--prm-lr", setting["prm_lr"], "--beta", setting["beta"]]
+
+
+def score(run: dict) -> float:
+    """A grid run's validation score: its last SCORE_EVALS held-out sampled accuracies (the end's included)."""
+    return float(np.mean(run["curves"]["heldout_sampled"][-SCORE_EVALS:]))
+
+
+def choice(task: str, phase: str, study: dict) -> dict | None:
+    """The setting of the phase's best run by score (the earlier in grid order on a tie), once every
+    run of the phase is recorded; None before."""
+    names = [name for name, _ in grid_runs(task, phase, study) or []]
+    runs = [study["runs"].get(name) for name in names]
+    if not names or None in runs:
+        return None
+    best = max(range(len(runs)), key=lambda i: (score(runs[i]), -i))
+    return {k: v for k, v in runs[best]["setting"].items() if k not in ("arm", "seed")}
+
+
+def read_study(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {"runs": {}}
+
+
+def record(study_path: Path, name: str, setting: dict, paths: dict, run_dir: Path) -> None:
+    """A finished run's setting, end numbers and curves into study.json (atomically, one writer)."""
+    run = runlog.read_run(run_dir)
+    metrics, summary = run["metrics"], run["summary"]
+    seconds = np.cumsum([sum(v for k, v in m["time"].items() if k != "eval") for m in metrics])
+    evals = [m for m in metrics if m.get("heldout_sampled_accuracy") is not None]
+    curves = {"step": [m["step"] for m in metrics], "train_seconds": seconds.round(2).tolist(),
+              **{key: [m.get(key) for m in metrics] for key in ("reward", "prm_accuracy", "prm_localization",
+                                                                "response_length", "kept_groups", "refill_draws",
+                                                                "rollout_logp_abs_diff")},
+              "eval_step": [0, *(m["step"] for m in evals), summary["steps"]],
+              "heldout_greedy": [summary["start_accuracy"], *(m["heldout_accuracy"] for m in evals),
+                                 summary["end_accuracy"]],
+              "heldout_sampled": [summary["start_sampled_accuracy"], *(m["heldout_sampled_accuracy"] for m in evals),
+                                  summary["end_sampled_accuracy"]]}
+    entry = {"setting": setting, "flags": run["config"], "start_sha256": paths["start_sha256"],
+             "data_sha256": paths["data_sha256"], "summary": summary, "curves": curves}
+    with _RECORD:
+        study = read_study(study_path)
+        study["runs"][name] = entry
+        runlog.write_json(study_path, study, indent=1)
+
+
+def next_run(tasks: list[str], phases: list[str], study: dict, busy: set) -> tuple | None:
+    """The first run, phase by phase and task by task, that study.json lacks and nobody is running,
+    and whose phase can start (the choices it needs are made)."""
+    for phase in phases:
+        for task in tasks:
+            for name, setting in grid_runs(task, phase, study) or []:
+                if name not in study["runs"] and name not in busy:
+                    return task, phase, name, setting
+    return None
+
+
+def run_protocol(tasks: list[str], args) -> None:
+    """args.jobs workers, each taking the next run it can start until none is left: a task's prm grid
+    starts as soon as its lr grid is recorded, while the other task's runs go on."""
+    from reproduce import run_arm
+    study_path = Path(args.figures) / "study.json"
+    paths = {task: prepare(task, Path(args.out), args.cache_dir) for task in tasks}
+    busy, wake, failures = set(), threading.Condition(), []
+
+    def worker() -> None:
+        while True:
+            with wake:
+                job = next_run(tasks, args.phases, read_study(study_path), busy)
+                while job is None and len(busy) > len(failures):  # what is left waits on a running run
+                    wake.wait()
+                    job = next_run(tasks, args.phases, read_study(study_path), busy)
+                if job is None:
+                    return
+                busy.add(job[2])
+            task, phase, name, setting = job
+            failed = True
+            try:
+                flags = [*run_flags(task, paths[task], validation=phase != "seeds"), *arm_flags(setting)]
+                run_dir = run_arm(name.rsplit("-s", 1)[0], setting["seed"], args, args.threads, flags)
+                record(study_path, name, setting, paths[task], run_dir)
+                print(f"  {name}: recorded ({phase})", flush=True)
+                failed = False
+            except SystemExit as error:  # run_arm names the log; the other worker goes on
+                failures.append(str(error))
+            finally:
+                with wake:
+                    if not failed:  # a failed run stays "busy": it is not tried again in this call
+                        busy.discard(name)
+                    wake.notify_all()
+
+    t = time.time()
+    threads = [threading.Thread(target=worker) for _ in range(args.jobs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(f"finished what could run in {(time.time() - t) / 60:.1f} min", flush=True)
+    if failures:
+        raise SystemExit("\n".join(failures))
+
+
+# Report: everything from study.json alone ------------------------------------------------------------
+
+def grid_table(task: str, phase: str, study: dict) -> str:
+    runs = grid_runs(task, phase, study)
+    if runs is None:
+        return f"{task}, {phase}: not started (the lr grid is not finished)"
+    chosen = choice(task, phase, study)
+    keys = ["policy_lr"] if phase == "lr" else ["prm_lr", "beta"]
+    lines = [f"| {' | '.join(keys)} | validation sampled: start, each 10 steps, end | score (last {SCORE_EVALS}) | "
+             "greedy start -> end | PRM pairwise, last 10 steps | minutes (training) | chosen |",
+             "| " + " | ".join(["---"] * (len(keys) + 6)) + " |"]
+    for name, setting in runs:
+        run = study["runs"].get(name)
+        head = " | ".join(setting[k] for k in keys)
+        if run is None:
+            lines.append(f"| {head} | not run yet |" + " |" * 5)
+            continue
+        c = run["curves"]
+        prm = [a for a in c["prm_accuracy"][-10:] if a is not None]
+        mark = "yes" if chosen and all(chosen[k] == setting[k] for k in keys) else ""
+        lines.append(f"| {head} | {', '.join(f'{a:.3f}' for a in c['heldout_sampled'])} | {score(run):.3f} | "
+                     f"{c['heldout_greedy'][0]:.3f} -> {c['heldout_greedy'][-1]:.3f} | "
+                     f"{np.mean(prm):.2f} | {c['train_seconds'][-1] / 60:.1f} | {mark} |" if prm else
+                     f"| {head} | {', '.join(f'{a:.3f}' for a in c['heldout_sampled'])} | {score(run):.3f} | "
+                     f"{c['heldout_greedy'][0]:.3f} -> {c['heldout_greedy'][-1]:.3f} | n/a | "
+                     f"{c['train_seconds'][-1] / 60:.1f} | {mark} |")
+    return "\n".join(lines)
+
+
+def seed_runs(task: str, study: dict) -> dict[str, dict[int, dict]]:
+    """{arm: {seed: recorded run}} of the task's seeds phase."""
+    out = {"rloo": {}, "prime": {}}
+    for name, setting in grid_runs(task, "seeds", study) or []:
+        if name in study["runs"]:
+            out[setting["arm"]][setting["seed"]] = study["runs"][name]
+    return out
+
+
+def collapsed(run: dict) -> bool:
+    greedy = run["curves"]["heldout_greedy"]
+    return greedy[-1] < COLLAPSE * greedy[0]
+
+
+def verdicts(task: str, study: dict) -> dict:
+    """PRIME - outcome-only on the held-out questions, paired by seed: greedy and sampled at the end."""
+    runs = seed_runs(task, study)
+    out = {}
+    for metric, key in (("end greedy", "heldout_greedy"), ("end sampled", "heldout_sampled")):
+        value = {arm: {s: r["curves"][key][-1] for s, r in runs[arm].items()} for arm in runs}
+        p = paired(value["prime"], value["rloo"])
+        bimodal = any(collapsed(runs[arm][s]) for arm in runs for s in p["seeds"])
+        text, interval = paired_cells(p, bimodal)
+        out[metric] = {**p, "text": text, "interval": interval, "collapsed": bimodal,
+                       "means": {arm: float(np.mean(list(v.values()))) if v else None for arm, v in value.items()}}
+    return out
+
+
+def seeds_table(task: str, study: dict) -> str:
+    runs = seed_runs(task, study)
+    lines = ["| arm | seeds | held-out greedy, start -> end | held-out sampled, start -> end | PRM pairwise, last 10 | "
+             "minutes of training (mean) | collapsed |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for arm in ("rloo", "prime"):
+        r = list(runs[arm].values())
+        if not r:
+            lines.append(f"| {LABELS[arm]} | 0 | | | | | |")
+            continue
+        at = lambda key, i: np.mean([x["curves"][key][i] for x in r])  # noqa: E731
+        prm = [np.mean([a for a in x["curves"]["prm_accuracy"][-10:] if a is not None]) for x in r] \
+            if arm == "prime" else []
+        lines.append(f"| {LABELS[arm]} | {len(r)} | {at('heldout_greedy', 0):.3f} -> {at('heldout_greedy', -1):.3f} | "
+                     f"{at('heldout_sampled', 0):.3f} -> {at('heldout_sampled', -1):.3f} | "
+                     f"{f'{np.mean(prm):.2f}' if prm else 'n/a'} | "
+                     f"{np.mean([x['curves']['train_seconds'][-1] for x in r]) / 60:.1f} | "
+                     f"{sum(map(collapsed, r))} of {len(r)} |")
+    for metric, v in verdicts(task, study).items():
+        lines.append(f"\nPRIME - outcome-only, {metric}, paired by seed: {v['text']}, 95% interval {v['interval']}")
+    return "\n".join(lines)
+
+
+def plot_task(task: str, study: dict, figures: Path) -> Path | None:
+    """The seeds phase: held-out sampled accuracy against step and against training seconds (the
+    compute each arm spent), the training reward and PRIME's PRM pairwise accuracy; mean over seeds,
+    band min..max."""
+    runs = seed_runs(task, study)
+    if not runs["rloo"] and not runs["prime"]:
+        return None
+    fig, axes = plt.subplots(1, 4, figsize=(22, 4))
+    for i, arm in enumerate(("rloo", "prime")):
+        r = list(runs[arm].values())
+        if not r:
+            continue
+        style = dict(color=f"C{i}", label=f"{LABELS[arm]} ({len(r)} seeds)")
+        steps = np.array(r[0]["curves"]["eval_step"])
+        acc = np.array([x["curves"]["heldout_sampled"] for x in r])
+        axes[0].plot(steps, acc.mean(0), marker="o", **style)
+        axes[0].fill_between(steps, acc.min(0), acc.max(0), color=f"C{i}", alpha=0.15)
+        for x in r:  # against the seconds each run had spent when it was evaluated
+            seconds = [0.0, *(x["curves"]["train_seconds"][s - 1] for s in x["curves"]["eval_step"][1:])]
+            axes[1].plot(np.array(seconds) / 60, x["curves"]["heldout_sampled"], color=f"C{i}", alpha=0.6)
+        for ax, key in ((axes[2], "reward"), (axes[3], "prm_accuracy")):
+            values = np.array([[np.nan if v is None else v for v in x["curves"][key]] for x in r], dtype=float)
+            if np.isnan(values).all():
+                continue
+            smooth = runlog.moving_average(values, 5)
+            with np.errstate(all="ignore"):
+                ax.plot(np.arange(1, smooth.shape[1] + 1), np.nanmean(smooth, 0), **style)
+    titles = ["held-out sampled accuracy (mean, band min..max)", "held-out sampled against minutes of training "
+              "(each seed)", "training reward (5-step moving average)", "PRM pairwise accuracy (5-step average)"]
+    for ax, title, xlabel in zip(axes, titles, ["RL step", "minutes (rollout + PRM + policy)", "RL step", "RL step"]):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(xlabel)
+    axes[0].legend(fontsize=8)
+    axes[3].axhline(0.5, color="grey", lw=0.8, ls=":")
+    fig.suptitle(f"SmolLM2-135M-Instruct, {task}: PRIME vs outcome-only at their chosen settings")
+    return save_figure(fig, figures, f"study-{task}")
+
+
+def report(tasks: list[str], figures: Path) -> None:
+    study = read_study(figures / "study.json")
+    for task in tasks:
+        print(f"\n# {task}\n\n## 1. the policy lr, outcome-only, validation split\n\n{grid_table(task, 'lr', study)}")
+        print(f"\n## 2. the PRM lr and beta, PRIME, validation split\n\n{grid_table(task, 'prm', study)}")
+        print(f"\n## 3. five seeds a arm, held-out questions\n\n{seeds_table(task, study)}")
+        path = plot_task(task, study, figures)
+        if path:
+            print(f"\n{path}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    parser.add_argument("--phases", nargs="+", choices=PHASES, default=PHASES, help="run only these phases")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each on its own thread)")
+    parser.add_argument("--out", default="runs/real-study", help="where the runs, task files and logs go")
+    parser.add_argument("--cache-dir", default=".cache", help="where SmolLM2 and the SFT starts are built")
+    parser.add_argument("--figures", default="docs/figures/real", help="where study.json and the plots go")
+    parser.add_argument("--report-only", action="store_true", help="only the tables and plots, from study.json")
+    args, args.train_args = parser.parse_known_args(argv)  # the rest goes to every train.py run
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: must be >= 1")
+    args.steps, args.threads = STEPS, max(1, (__import__("os").cpu_count() or 1) // args.jobs)
+    if not args.report_only:
+        run_protocol(args.tasks, args)
+    report(args.tasks, Path(args.figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""real_study.py (`python reproduce.py real`): the protocol's order, its choices and its verdicts by hand,
+on study.json records; the runs themselves are tested end to end in tests/test_real_model.py."""
+
+import math
+
+import numpy as np
+import pytest
+
+import real_study
+
+
+def recorded(arm, seed, sampled, greedy=(0.5, 0.5), prm=None, setting=None):
+    """A study.json entry of this arm, seed and setting (its lrs), with these held-out curves (start, ..., end)."""
+    setting = {k: v for k, v in (setting or {}).items() if k not in ("arm", "seed")}
+    return {"setting": dict(arm=arm, seed=seed, **setting), "curves": {
+        "heldout_sampled": list(sampled), "heldout_greedy": list(greedy), "eval_step": [0, 50][:len(sampled)],
+        "prm_accuracy": prm or [None] * 3, "train_seconds": [60.0, 120.0, 180.0], "reward": [0.1, 0.2, 0.3]}}
+
+
+def test_the_lr_grid_comes_first_and_the_best_validation_score_is_chosen():
+    study = {"runs": {}}
+    names = [name for name, _ in real_study.grid_runs("chains", "lr", study)]
+    assert names == [f"chains-lr-rloo-{lr}-s1" for lr in real_study.LR_GRID]
+    assert real_study.grid_runs("chains", "prm", study) is None      # waits for the lr grid
+    assert real_study.grid_runs("chains", "seeds", study) is None
+    # scores: the mean of the last 3 validation evaluations; the second lr wins by (0.4 + 0.5 + 0.6) / 3 = 0.5
+    curves = [[0.2, 0.3, 0.3, 0.4, 0.4], [0.2, 0.2, 0.4, 0.5, 0.6], [0.2, 0.6, 0.5, 0.45, 0.45]]
+    for name, lr, c in zip(names[:2], real_study.LR_GRID, curves):
+        study["runs"][name] = recorded("rloo", 1, c, setting={"policy_lr": lr})
+    assert real_study.choice("chains", "lr", study) is None          # one grid run still missing
+    study["runs"][names[2]] = recorded("rloo", 1, curves[2], setting={"policy_lr": real_study.LR_GRID[2]})
+    assert real_study.score(study["runs"][names[1]]) == pytest.approx(0.5)
+    assert real_study.score(study["runs"][names[2]]) == pytest.approx((0.5 + 0.45 + 0.45) / 3)
+    assert real_study.choice("chains", "lr", study) == {"policy_lr": real_study.LR_GRID[1]}
+    # the PRM grid runs at the chosen policy lr: PRM lr 1x and 3x it, beta 0.05 and 1.0
+    lr = float(real_study.LR_GRID[1])
+    prm = real_study.grid_runs("chains", "prm", study)
+    assert [(float(s["prm_lr"]), s["beta"]) for _, s in prm] == [
+        (pytest.approx(lr), "0.05"), (pytest.approx(lr), "1.0"), (pytest.approx(3 * lr), "0.05"), (pytest.approx(3 * lr), "1.0")]
+    assert all(s["policy_lr"] == real_study.LR_GRID[1] and s["arm"] == "prime" for _, s in prm)
+    # a tie goes to the earlier setting in grid order
+    for (name, s), end in zip(prm, [0.3, 0.7, 0.7, 0.1]):
+        study["runs"][name] = recorded("prime", 1, [0.2, end, end, end], setting=s)
+    assert real_study.choice("chains", "prm", study)["beta"] == "1.0"
+    assert float(real_study.choice("chains", "prm", study)["prm_lr"]) == pytest.approx(lr)
+    seeds = real_study.grid_runs("chains", "seeds", study)
+    assert len(seeds) == 10 and {s["seed"] for _, s in seeds} == {1, 2, 3, 4, 5}
+    assert {(s["arm"], s.get("beta")) for _, s in seeds} == {("rloo", None), ("prime", "1.0")}
+    # each arm's train.py flags: outcome-only has no PRM; PRIME carries its chosen PRM lr and beta
+    rloo = dict(seeds)["chains-rloo-s1"]
+    assert real_study.arm_flags(rloo) == ["--policy-lr", real_study.LR_GRID[1], "--process", "none"]
+    assert real_study.arm_flags(dict(seeds)["chains-prime-s1"])[-2:] == ["--beta", "1.0"]
+
+
+def test_next_run_goes_phase_by_phase_over_tasks_and_skips_what_is_recorded_or_running():
+    study = {"runs": {}}
+    tasks = ["chains", "sums2"]
+    first = real_study.next_run(tasks, real_study.PHASES, study, busy=set())
+    assert first[:3] == ("chains", "lr", f"chains-lr-rloo-{real_study.LR_GRID[0]}-s1")
+    busy = {f"chains-lr-rloo-{lr}-s1" for lr in real_study.LR_GRID}
+    assert real_study.next_run(tasks, real_study.PHASES, study, busy)[:2] == ("sums2", "lr")  # the other task's grid
+    for name, setting in real_study.grid_runs("chains", "lr", study):
+        study["runs"][name] = recorded("rloo", 1, [0.1, 0.2, 0.3], setting=setting)
+    assert real_study.next_run(tasks, real_study.PHASES, study, set())[:2] == ("sums2", "lr")
+    assert real_study.next_run(tasks, ["prm"], study, set())[:2] == ("chains", "prm")    # --phases prm
+    assert real_study.next_run(["sums2"], ["prm", "seeds"], study, set()) is None          # nothing can start
+
+
+def test_the_verdict_pairs_seeds_and_a_collapsed_run_gets_a_sign_count():
+    # sampled ends: PRIME 0.40, 0.45, 0.50, 0.42, 0.47 against outcome-only 0.35, 0.40, 0.41, 0.40, 0.40
+    # differences 0.05, 0.05, 0.09, 0.02, 0.07: mean 0.056, sd by hand below
+    prime_end, rloo_end = [0.40, 0.45, 0.50, 0.42, 0.47], [0.35, 0.40, 0.41, 0.40, 0.40]
+    study = {"runs": {}}
+    for seed, (p, r) in enumerate(zip(prime_end, rloo_end), 1):
+        study["runs"][f"chains-prime-s{seed}"] = recorded("prime", seed, [0.2, p], prm=[0.6, 0.7, 0.8])
+        study["runs"][f"chains-rloo-s{seed}"] = recorded("rloo", seed, [0.2, r])
+    for phase, arm in (("lr", "rloo"), ("prm", "prime")):  # the grid's records, so that the seeds phase exists
+        for name, s in real_study.grid_runs("chains", phase, study):
+            study["runs"][name] = recorded(arm, 1, [0.1, 0.2, 0.3], setting=s)
+    diffs = [0.05, 0.05, 0.09, 0.02, 0.07]
+    mean = sum(diffs) / 5
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 4)
+    v = real_study.verdicts("chains", study)["end sampled"]
+    assert v["mean"] == pytest.approx(0.056) and v["t"] == pytest.approx(mean / (sd / math.sqrt(5)))
+    assert v["verdict"] == "up" and v["up"] == 5 and not v["collapsed"]
+    lo, hi = v["ci95"]
+    assert (lo + hi) / 2 == pytest.approx(mean) and hi - lo == pytest.approx(2 * 2.776 * sd / math.sqrt(5))
+    # greedy: every run ends where it started (0.5): no difference, no claim
+    assert real_study.verdicts("chains", study)["end greedy"]["verdict"] == "none"
+    # a PRIME run whose greedy accuracy ends below half its start has collapsed: the sampled
+    # difference is then bimodal and gets the sign count, not a t
+    study["runs"]["chains-prime-s3"]["curves"]["heldout_greedy"] = [0.5, 0.2]
+    v = real_study.verdicts("chains", study)["end sampled"]
+    assert v["collapsed"] and "bimodal" in v["text"] and v["interval"] == "n/a"
+    assert real_study.collapsed(study["runs"]["chains-prime-s3"]) and not real_study.collapsed(study["runs"]["chains-prime-s1"])
+    table = real_study.seeds_table("chains", study)
+    assert "| PRIME | 5 |" in table and "1 of 5" in table and "0.70" in table   # PRM pairwise: mean of 0.6, 0.7, 0.8
+    assert np.isclose(float(table.split("| outcome-only | 5 | 0.500 -> 0.500 | 0.200 -> ")[1][:5]), np.mean(rloo_end))
