@@ -31,6 +31,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -374,7 +375,9 @@ def main(argv=None) -> None:
     args, args.train_args = parser.parse_known_args(argv)  # the rest goes to every train.py run
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: must be >= 1")
-    args.steps, args.threads = STEPS, max(1, (__import__("os").cpu_count() or 1) // args.jobs)
+    # threads a run: OMP_NUM_THREADS where it is set (as reproduce.run_all), else the cores split between the jobs
+    args.steps = STEPS
+    args.threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // args.jobs))
     if not args.report_only:
         run_protocol(args.tasks, args)
     report(args.tasks, Path(args.figures))
