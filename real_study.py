@@ -46,7 +46,7 @@ import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 
 import data  # noqa: E402
 import runlog  # noqa: E402
-from reproduce import REPO, paired, paired_cells, run_all, save_figure  # noqa: E402
+from reproduce import REPO, paired, paired_cells, run_arm, save_figure  # noqa: E402
 
 TASKS = {  # the task file (data.py), its start, and what its responses need
     "chains": dict(data=["chains", "--terms", "5", "--digits", "2"], max_len=128,
@@ -193,7 +193,6 @@ def next_run(tasks: list[str], phases: list[str], study: dict, busy: set) -> tup
 def run_protocol(tasks: list[str], args) -> None:
     """args.jobs workers, each taking the next run it can start until none is left: a task's prm grid
     starts as soon as its lr grid is recorded, while the other task's runs go on."""
-    from reproduce import run_arm
     study_path = Path(args.figures) / "study.json"
     paths = {task: prepare(task, Path(args.out), args.cache_dir) for task in tasks}
     busy, wake, failures = set(), threading.Condition(), []
@@ -253,15 +252,18 @@ def grid_table(task: str, phase: str, study: dict) -> str:
             lines.append(f"| {head} | not run yet |" + " |" * 5)
             continue
         c = run["curves"]
-        prm = [a for a in c["prm_accuracy"][-10:] if a is not None]
+        prm = prm_last(run)
         mark = "yes" if chosen and all(chosen[k] == setting[k] for k in keys) else ""
         lines.append(f"| {head} | {', '.join(f'{a:.3f}' for a in c['heldout_sampled'])} | {score(run):.3f} | "
                      f"{c['heldout_greedy'][0]:.3f} -> {c['heldout_greedy'][-1]:.3f} | "
-                     f"{np.mean(prm):.2f} | {c['train_seconds'][-1] / 60:.1f} | {mark} |" if prm else
-                     f"| {head} | {', '.join(f'{a:.3f}' for a in c['heldout_sampled'])} | {score(run):.3f} | "
-                     f"{c['heldout_greedy'][0]:.3f} -> {c['heldout_greedy'][-1]:.3f} | n/a | "
-                     f"{c['train_seconds'][-1] / 60:.1f} | {mark} |")
+                     f"{'n/a' if prm is None else f'{prm:.2f}'} | {c['train_seconds'][-1] / 60:.1f} | {mark} |")
     return "\n".join(lines)
+
+
+def prm_last(run: dict) -> float | None:
+    """A run's mean PRM pairwise accuracy over its last 10 steps (steps without one skipped); None without a PRM."""
+    values = [a for a in run["curves"]["prm_accuracy"][-10:] if a is not None]
+    return float(np.mean(values)) if values else None
 
 
 def seed_runs(task: str, study: dict) -> dict[str, dict[int, dict]]:
@@ -302,8 +304,7 @@ def seeds_table(task: str, study: dict) -> str:
             lines.append(f"| {LABELS[arm]} | 0 | | | | | |")
             continue
         at = lambda key, i: np.mean([x["curves"][key][i] for x in r])  # noqa: E731
-        prm = [np.mean([a for a in x["curves"]["prm_accuracy"][-10:] if a is not None]) for x in r] \
-            if arm == "prime" else []
+        prm = [prm_last(x) for x in r] if arm == "prime" else []
         lines.append(f"| {LABELS[arm]} | {len(r)} | {at('heldout_greedy', 0):.3f} -> {at('heldout_greedy', -1):.3f} | "
                      f"{at('heldout_sampled', 0):.3f} -> {at('heldout_sampled', -1):.3f} | "
                      f"{f'{np.mean(prm):.2f}' if prm else 'n/a'} | "
