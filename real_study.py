@@ -12,12 +12,13 @@ The protocol, PRIME's adapted to a 2-core CPU (docs/REPRODUCTION.md section 3 st
            one line a step, so the answer depends on every step and data.chain_steps checks each one.
            The start is SmolLM2 after a short SFT (60 steps) on a slipping demonstrator's worked
            solutions of FOUR numbers (PRIME starts RL from an SFT model too): on five it starts at 35%
-           held-out sampled accuracy, 91% of its responses writing every step (bench/start_accuracy.py). sums2: "What is a + b?", two-digit, from
-           SmolLM2 as converted (section 3's first task; one line, no steps to tell apart).
+           held-out sampled accuracy, 91% of its responses writing every step (bench/start_accuracy.py).
+  sums2    "What is a + b?", two-digit, from SmolLM2 as converted (section 3's first task; one line,
+           no steps to tell apart).
   a run    train.py, 8 prompts x 4 samples a step at temperature 0.7, STEPS steps, the official refill
            filter (the PRM learns from full batches), RLOO, bf16 autocast as on a GPU, vLLM sampling
-           where vllm is installed (with its rollout correction and logged mismatch), HF generate
-           otherwise; the held-out accuracy (40 problems, greedy and 4 samples) every 10 steps.
+           in bf16 where vllm is installed (with its rollout correction and logged mismatch), HF
+           generate otherwise; the held-out accuracy (40 problems, greedy and 4 samples) every 10 steps.
   1. lr    outcome-only at each policy lr of LR_GRID, seed 1, on the validation split: the task file
            without its first 40 rows (train.py then holds out the next 40, the validation questions,
            and trains on the rest). Chosen: the highest validation score (SCORE_EVALS).
