@@ -21,7 +21,8 @@ The protocol, PRIME's adapted to a 2-core CPU (docs/REPRODUCTION.md section 3 st
            generate otherwise; the held-out accuracy (40 problems, greedy and 4 samples) every 10 steps.
   1. lr    outcome-only at each policy lr of LR_GRID, seed 1, on the validation split: the task file
            without its first 40 rows (train.py then holds out the next 40, the validation questions,
-           and trains on the rest). Chosen: the highest validation score (SCORE_EVALS).
+           and trains on the rest). Chosen: the highest validation score (SCORE_EVALS); while the
+           best is at an edge of the grid, the grid grows one lr past it (LR_LADDER, x ~3).
   2. prm   PRIME at that policy lr, at each PRM lr x beta of PRM_GRID (beta: the paper's 0.05 and the
            project's 1.0), seed 1, the same split and rule.
   3. seeds both arms at their choices, seeds 1-5, on the whole file: its first 40 questions, which no
@@ -58,7 +59,8 @@ TASKS = {  # the task file (data.py), its start, and what its responses need
 ROWS = 500            # questions per task file: 40 held out, 40 validation, the rest to train on
 HELD_OUT = 40
 STEPS = 40
-LR_GRID = ["3e-6", "1e-5", "3e-5"]                 # policy lr, outcome-only (section 3's runs used 5e-6)
+LR_GRID = ["3e-6", "1e-5", "3e-5"]                 # policy lr, outcome-only (section 3's runs used 5e-6) ...
+LR_LADDER = ["1e-6", "3e-6", "1e-5", "3e-5", "1e-4", "3e-4"]  # ... extended along this past an edge that wins
 PRM_GRID = [(1, "0.05"), (1, "1.0"), (3, "0.05"), (3, "1.0")]   # (PRM lr / policy lr, beta)
 SEEDS = [1, 2, 3, 4, 5]
 SCORE_EVALS = 3       # a grid run's score: the mean validation sampled accuracy of its last 3 evaluations
@@ -115,7 +117,7 @@ def grid_runs(task: str, phase: str, study: dict) -> list[tuple[str, dict]] | No
     """(run name, setting) of one phase of a task, or None while the phase it rests on is not finished
     (its choice is not made yet). A name is also the run's folder in --out and its key in study.json."""
     if phase == "lr":
-        return [(f"{task}-lr-rloo-{lr}-s1", dict(arm="rloo", seed=1, policy_lr=lr)) for lr in LR_GRID]
+        return [(f"{task}-lr-rloo-{lr}-s1", dict(arm="rloo", seed=1, policy_lr=lr)) for lr in lr_grid(task, study)]
     lr = choice(task, "lr", study)
     if lr is None:
         return None
@@ -128,6 +130,25 @@ def grid_runs(task: str, phase: str, study: dict) -> list[tuple[str, dict]] | No
         return None
     return [(f"{task}-{arm}-s{seed}", dict(arm=arm, seed=seed, **(lr if arm == "rloo" else prm)))
             for seed in SEEDS for arm in ("rloo", "prime")]
+
+
+def lr_grid(task: str, study: dict) -> list[str]:
+    """The task's policy lrs: LR_GRID, extended one rung of LR_LADDER past an edge for as long as the
+    lr on that edge scores strictly above every other (a best at the grid's edge is not known to be
+    the best; on sums2 3e-5 won at the top of LR_GRID). A tie extends nothing."""
+    grid = list(LR_GRID)
+    while True:
+        runs = [study["runs"].get(f"{task}-lr-rloo-{lr}-s1") for lr in grid]
+        if None in runs:  # the grid as it stands is not finished: nothing to extend yet
+            return grid
+        scores = [score(run) for run in runs]
+        low, high = LR_LADDER.index(grid[0]), LR_LADDER.index(grid[-1])
+        if scores[-1] > max(scores[:-1]) and high + 1 < len(LR_LADDER):
+            grid.append(LR_LADDER[high + 1])
+        elif scores[0] > max(scores[1:]) and low > 0:
+            grid.insert(0, LR_LADDER[low - 1])
+        else:
+            return grid
 
 
 def arm_flags(setting: dict) -> list[str]:

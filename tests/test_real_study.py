@@ -52,6 +52,30 @@ def test_the_lr_grid_comes_first_and_the_best_validation_score_is_chosen():
     assert real_study.arm_flags(dict(seeds)["chains-prime-s1"])[-2:] == ["--beta", "1.0"]
 
 
+def test_a_best_lr_at_the_grids_edge_extends_the_grid_past_it_until_the_best_is_inside():
+    study = {"runs": {}}
+    lr_run = lambda lr, end: recorded("rloo", 1, [0.1, end, end, end], setting={"policy_lr": lr})  # noqa: E731
+    for lr, end in zip(real_study.LR_GRID, [0.3, 0.5, 0.6]):  # 3e-6, 1e-5, 3e-5: the top edge wins
+        study["runs"][f"sums2-lr-rloo-{lr}-s1"] = lr_run(lr, end)
+    assert real_study.LR_GRID == ["3e-6", "1e-5", "3e-5"]
+    assert real_study.lr_grid("sums2", study) == ["3e-6", "1e-5", "3e-5", "1e-4"]
+    assert real_study.choice("sums2", "lr", study) is None and real_study.grid_runs("sums2", "prm", study) is None
+    assert real_study.next_run(["sums2"], real_study.PHASES, study, set())[2] == "sums2-lr-rloo-1e-4-s1"
+    study["runs"]["sums2-lr-rloo-1e-4-s1"] = lr_run("1e-4", 0.6)  # a tie with 3e-5: the lower lr is chosen
+    assert real_study.lr_grid("sums2", study) == ["3e-6", "1e-5", "3e-5", "1e-4"]
+    assert real_study.choice("sums2", "lr", study) == {"policy_lr": "3e-5"}
+    # the bottom edge: 3e-6 wins, 1e-6 is tried, wins too, and the ladder ends there
+    study = {"runs": {f"chains-lr-rloo-{lr}-s1": lr_run(lr, end)
+                      for lr, end in zip(["1e-6", *real_study.LR_GRID], [0.7, 0.6, 0.5, 0.4])}}
+    assert real_study.lr_grid("chains", study) == ["1e-6", "3e-6", "1e-5", "3e-5"]
+    assert real_study.choice("chains", "lr", study) == {"policy_lr": "1e-6"}
+    # the top of the ladder: 3e-4 wins and nothing is left to try
+    ladder = real_study.LR_LADDER[1:]
+    study = {"runs": {f"sums2-lr-rloo-{lr}-s1": lr_run(lr, 0.1 * i) for i, lr in enumerate(ladder)}}
+    assert real_study.lr_grid("sums2", study) == ladder and real_study.choice("sums2", "lr", study) == {
+        "policy_lr": "3e-4"}
+
+
 def test_next_run_goes_phase_by_phase_over_tasks_and_skips_what_is_recorded_or_running():
     study = {"runs": {}}
     tasks = ["chains", "sums2"]
