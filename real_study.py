@@ -139,7 +139,7 @@ def lr_grid(task: str, study: dict) -> list[str]:
     grid = list(LR_GRID)
     while True:
         runs = [study["runs"].get(f"{task}-lr-rloo-{lr}-s1") for lr in grid]
-        if None in runs:  # the grid as it stands is not finished: nothing to extend yet
+        if None in runs or len(runs) < 2:  # not finished yet, or no neighbour to beat: nothing to extend
             return grid
         scores = [score(run) for run in runs]
         low, high = LR_LADDER.index(grid[0]), LR_LADDER.index(grid[-1])

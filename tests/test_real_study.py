@@ -52,7 +52,7 @@ def test_the_lr_grid_comes_first_and_the_best_validation_score_is_chosen():
     assert real_study.arm_flags(dict(seeds)["chains-prime-s1"])[-2:] == ["--beta", "1.0"]
 
 
-def test_a_best_lr_at_the_grids_edge_extends_the_grid_past_it_until_the_best_is_inside():
+def test_a_best_lr_at_the_grids_edge_extends_the_grid_past_it_until_the_best_is_inside(monkeypatch):
     study = {"runs": {}}
     lr_run = lambda lr, end: recorded("rloo", 1, [0.1, end, end, end], setting={"policy_lr": lr})  # noqa: E731
     for lr, end in zip(real_study.LR_GRID, [0.3, 0.5, 0.6]):  # 3e-6, 1e-5, 3e-5: the top edge wins
@@ -74,6 +74,11 @@ def test_a_best_lr_at_the_grids_edge_extends_the_grid_past_it_until_the_best_is_
     study = {"runs": {f"sums2-lr-rloo-{lr}-s1": lr_run(lr, 0.1 * i) for i, lr in enumerate(ladder)}}
     assert real_study.lr_grid("sums2", study) == ladder and real_study.choice("sums2", "lr", study) == {
         "policy_lr": "3e-4"}
+    # a grid of one lr (as the shortened end-to-end test sets it) has no neighbour to beat: it stays one
+    monkeypatch.setattr(real_study, "LR_GRID", ["1e-5"])
+    study = {"runs": {"sums2-lr-rloo-1e-5-s1": lr_run("1e-5", 0.5)}}
+    assert real_study.lr_grid("sums2", study) == ["1e-5"]
+    assert real_study.choice("sums2", "lr", study) == {"policy_lr": "1e-5"}
 
 
 def test_next_run_goes_phase_by_phase_over_tasks_and_skips_what_is_recorded_or_running():
