@@ -113,11 +113,16 @@ def prepare(task: str, out: Path, cache_dir: str) -> dict:
             "start_sha256": sha256(paths["start"] / "model.safetensors")}
 
 
+def lr_run_name(task: str, lr: str) -> str:
+    """The name of the lr grid's run at one policy lr (its folder in --out, its key in study.json)."""
+    return f"{task}-lr-rloo-{lr}-s1"
+
+
 def grid_runs(task: str, phase: str, study: dict) -> list[tuple[str, dict]] | None:
     """(run name, setting) of one phase of a task, or None while the phase it rests on is not finished
     (its choice is not made yet). A name is also the run's folder in --out and its key in study.json."""
     if phase == "lr":
-        return [(f"{task}-lr-rloo-{lr}-s1", dict(arm="rloo", seed=1, policy_lr=lr)) for lr in lr_grid(task, study)]
+        return [(lr_run_name(task, lr), dict(arm="rloo", seed=1, policy_lr=lr)) for lr in lr_grid(task, study)]
     lr = choice(task, "lr", study)
     if lr is None:
         return None
@@ -138,7 +143,7 @@ def lr_grid(task: str, study: dict) -> list[str]:
     the best; on sums2 3e-5 won at the top of LR_GRID). A tie extends nothing."""
     grid = list(LR_GRID)
     while True:
-        runs = [study["runs"].get(f"{task}-lr-rloo-{lr}-s1") for lr in grid]
+        runs = [study["runs"].get(lr_run_name(task, lr)) for lr in grid]
         if None in runs or len(runs) < 2:  # not finished yet, or no neighbour to beat: nothing to extend
             return grid
         scores = [score(run) for run in runs]
