@@ -8,6 +8,7 @@ step checker (a perfect process signal) vs the implicit PRM, under several advan
     python credit_study.py --report-only                                  # tables and plots from finished runs
     python credit_study.py --gradients runs/e1/prime-s1                   # policy-gradient statistics per construction
     python credit_study.py --paired-from-json                             # paired verdicts of the recorded runs
+    python credit_study.py --plots-from-json                              # the study's figures from credit.json
 
 Research code beside the papers' comparisons (reproduce.py, whose runner it uses): each arm is a
 plain `python train.py` run in runs/repro/credit-<setting>-<arm>-s<seed>/. The per-seed numbers go
@@ -454,6 +455,73 @@ def credit_plot(setting: str, arms: list[str], runs: dict, figures: Path, window
     return save_figure(fig, figures, f"credit-{setting}-{tag}" if tag else f"credit-{setting}")
 
 
+# The study's figures in docs/REPRODUCTION.md, drawn from credit.json alone (what every run ended at,
+# per seed), so that a figure is redrawn without its runs: (setting, arms) per figure name.
+ENDS_FIGURES = {
+    "default": ("default", ["outcome", "implicit", "implicit-e1", "step-e1", "implicit-e1-0.9", "step-e1-0.9",
+                            "step-first"]),
+    "sparser": ("sparser", ["outcome-nf", "step-nf-e1", "step-nf-e1-0.9", "step-first-nf-e1", "step-first-nf",
+                            "step-noise-nf-e1", "implicit-nf-mixed-e1", "implicit-nf-mixed-e1-0.9",
+                            "implicit-nf-mixed-only-e1", "implicit-nf-mixed-only", "implicit-nf-mixed-raw-e1"]),
+    "sparser-lr": ("sparser", ["outcome-nf-lr3e-5", "implicit-nf-mixed-e1-lr3e-5", "implicit-nf-mixed-only-e1-lr3e-5",
+                               "outcome-nf", "step-nf-e1", "implicit-nf-mixed-e1-teacher", "implicit-nf-mixed-e1",
+                               "implicit-nf-mixed-only-e1", "outcome-nf-lr1e-4", "step-nf-e1-lr1e-4",
+                               "implicit-nf-mixed-e1-teacher-lr1e-4", "implicit-nf-mixed-e1-lr1e-4",
+                               "implicit-nf-mixed-only-e1-lr1e-4"]),
+    "sparser-k": ("sparser", ["outcome-nf-k2", "implicit-nf-mixed-e1-k2", "outcome-nf", "implicit-nf-mixed-e1",
+                              "outcome-nf-k8", "implicit-nf-mixed-e1-k8", "outcome-nf-k16", "implicit-nf-mixed-e1-k16"]),
+    "sparser-teacher": ("sparser", ["outcome-nf", "step-nf-e1", "implicit-nf-mixed-e1", "implicit-nf-mixed-e1-teacher",
+                                    "implicit-nf-e1-teacher-frozen"]),
+}
+VERDICT_COLORS = {"up": "tab:green", "down": "tab:red"}  # "none", a bimodal difference: grey
+
+
+def ends_plot(name: str, recorded: dict, figures: Path) -> Path:
+    """One of ENDS_FIGURES from credit.json: left, each arm's held-out sampled accuracy at the end, a dot
+    a seed (x: a collapsed run, greedy below COLLAPSED), a bar at the mean, grey: the start; right, the
+    arm minus its outcome-only baseline paired by seed (CREDIT_ARMS' baseline), a dot a seed and the
+    mean with its 95% interval, coloured by the verdict of the one rule (a difference with a collapsed
+    run gets no interval: its verdict is the sign count, as in --paired-from-json)."""
+    setting, arms = ENDS_FIGURES[name]
+    missing = [a for a in arms if a not in recorded.get(setting, {})]
+    if missing:
+        raise ValueError(f"--plots-from-json: figure {name!r} needs {setting} arms that credit.json lacks: {missing}")
+    stats = recorded[setting]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 1.2 + 0.42 * len(arms)), sharey=True, layout="constrained")
+    rows = np.arange(len(arms))[::-1]  # the first arm on top
+    for y, arm in zip(rows, arms):
+        ends, greedy = per_seed(stats[arm]), per_seed(stats[arm], "end_greedy")
+        for seed, value in ends.items():
+            axes[0].scatter(value, y, marker="x" if greedy[seed] < COLLAPSED else "o", s=22, color="C0", alpha=0.7)
+        axes[0].scatter(np.mean(list(ends.values())), y, marker="|", s=300, color="black")
+        axes[0].scatter(np.mean(stats[arm]["start_sampled"]), y, marker="|", s=300, color="grey", alpha=0.6)
+        baseline = CREDIT_ARMS[arm]["baseline"]
+        if baseline == arm or baseline not in stats:
+            continue
+        p = paired(ends, per_seed(stats[baseline]))
+        collapsed = any(per_seed(x, "end_greedy")[s] < COLLAPSED for x in (stats[arm], stats[baseline])
+                        for s in p["seeds"])
+        color = "grey" if collapsed else VERDICT_COLORS.get(p["verdict"], "grey")
+        axes[1].scatter(p["diffs"], [y] * len(p["diffs"]), s=22, color=color, alpha=0.7)
+        lo, hi = p["ci95"]
+        if collapsed or math.isnan(lo):
+            label = f"{p['mean']:+.3f}, {p['up']}/{len(p['seeds'])} up, sign test p {p['sign_p']:.2f} (a run collapsed: no t)"
+        else:
+            axes[1].plot([lo, hi], [y, y], color=color, lw=2)
+            label = f"{p['mean']:+.3f}, t {p['t']:.1f}, {p['up']}/{len(p['seeds'])} up: {p['verdict']}"
+        axes[1].scatter(p["mean"], y, marker="|", s=300, color=color)
+        axes[1].annotate(label, (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=7)
+    axes[0].set_yticks(rows, [CREDIT_LABELS[a] for a in arms], fontsize=8)
+    axes[0].set_xlabel("held-out sampled accuracy at the end\n(dot: a seed, x: a collapsed run; bar: mean; "
+                       "grey: start)", fontsize=8)
+    axes[1].axvline(0, color="black", lw=0.6)
+    axes[1].set_xlabel("minus outcome-only at the same filter, lr and K, paired by seed\n(bar: mean; line: "
+                       "its 95% interval; colour: the verdict)", fontsize=8)
+    fig.suptitle(f"{setting}: the end of every run, {len(stats[arms[0]]['seeds'])} seeds "
+                 f"(`python credit_study.py --plots-from-json`: ends-{name}.png)", fontsize=9)
+    return save_figure(fig, figures, f"ends-{name}")
+
+
 def weight_change(start: Path, end: Path) -> float:
     """RMS over every parameter of (end - start), two saved models (model.safetensors). Adam moves
     each weight by about lr a step in the direction of its gradient's sign, however small or noisy
@@ -822,6 +890,8 @@ def main(argv=None):
     parser.add_argument("--gradient-batches", type=int, default=40, help="--gradients: batches per checkpoint")
     parser.add_argument("--paired-from-json", action="store_true",
                         help="print every recorded arm's paired difference from its baseline (--figures/credit.json)")
+    parser.add_argument("--plots-from-json", action="store_true",
+                        help="draw the study's figures (ENDS_FIGURES) from --figures/credit.json alone")
     parser.add_argument("--slip-rewards", action="store_true",
                         help="issue 45's discriminating experiment: PRIME, local's step-20 PRM frozen scores the lines "
                              "that PRIME, local's and outcome-only's policies write at steps 0-40 (sparser)")
@@ -832,6 +902,10 @@ def main(argv=None):
         slip_main(args)
     elif args.paired_from_json:
         print(paired_from_json(json.loads((Path(args.figures) / "credit.json").read_text())))
+    elif args.plots_from_json:
+        recorded = json.loads((Path(args.figures) / "credit.json").read_text())
+        for name in ENDS_FIGURES:
+            print(ends_plot(name, recorded, Path(args.figures)))
     elif args.gradients is not None:
         gradients_main(args)
     else:

@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -414,3 +415,14 @@ def test_slip_rewards_end_to_end_on_the_default_task(cache_dir, tmp_path, monkey
     assert all(torch.equal(scorer[k], held[k]) for k in scorer)
     rows = [line for line in stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
     assert len(rows) == 6 and all("/2 up" in row for row in rows)
+
+
+def test_plots_from_json_draws_every_study_figure_from_the_shipped_numbers(tmp_path):
+    """The study's figures in docs/REPRODUCTION.md come from credit.json alone: every arm they show must
+    be recorded there (a renamed or dropped arm fails here, not in a reader's browser)."""
+    shutil.copy(REPO / "docs/figures/e1/credit.json", tmp_path / "credit.json")
+    credit_study.main(["--plots-from-json", "--figures", str(tmp_path)])
+    for name in credit_study.ENDS_FIGURES:
+        assert (tmp_path / f"ends-{name}.png").stat().st_size > 10_000, name
+    with pytest.raises(ValueError, match=r"figure 'sparser-k' needs sparser arms that credit.json lacks: \['outcome-nf-k2'"):
+        credit_study.ends_plot("sparser-k", {"sparser": {"outcome-nf": {}}}, tmp_path)
