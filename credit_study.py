@@ -522,6 +522,23 @@ def ends_plot(name: str, recorded: dict, figures: Path) -> Path:
     return save_figure(fig, figures, f"ends-{name}")
 
 
+def plots_from_json(figures: Path) -> None:
+    """`--plots-from-json`: those of ENDS_FIGURES whose arms figures/credit.json records (the others are
+    named and skipped: docs/figures/credit.json is the superseded 3-seed study) and gradients.png from
+    figures/gradients.json, whichever of the two the folder has."""
+    jsons = [figures / "credit.json", figures / "gradients.json"]
+    if not any(j.exists() for j in jsons):
+        raise SystemExit(f"--plots-from-json: --figures {figures} has neither credit.json nor gradients.json")
+    if jsons[0].exists():
+        recorded = json.loads(jsons[0].read_text())
+        for name, (setting, arms) in ENDS_FIGURES.items():
+            missing = [a for a in arms if a not in recorded.get(setting, {})]
+            print(f"skipped ends-{name}.png: {jsons[0]} lacks {setting} {missing}" if missing
+                  else ends_plot(name, recorded, figures))
+    if jsons[1].exists():
+        print(plot_gradients(json.loads(jsons[1].read_text()), figures))
+
+
 def weight_change(start: Path, end: Path) -> float:
     """RMS over every parameter of (end - start), two saved models (model.safetensors). Adam moves
     each weight by about lr a step in the direction of its gradient's sign, however small or noisy
@@ -891,7 +908,8 @@ def main(argv=None):
     parser.add_argument("--paired-from-json", action="store_true",
                         help="print every recorded arm's paired difference from its baseline (--figures/credit.json)")
     parser.add_argument("--plots-from-json", action="store_true",
-                        help="draw the study's figures (ENDS_FIGURES) from --figures/credit.json alone")
+                        help="draw the study's figures from --figures/credit.json (ENDS_FIGURES) and "
+                             "--figures/gradients.json (gradients.png) alone, whichever the folder has")
     parser.add_argument("--slip-rewards", action="store_true",
                         help="issue 45's discriminating experiment: PRIME, local's step-20 PRM frozen scores the lines "
                              "that PRIME, local's and outcome-only's policies write at steps 0-40 (sparser)")
@@ -903,9 +921,7 @@ def main(argv=None):
     elif args.paired_from_json:
         print(paired_from_json(json.loads((Path(args.figures) / "credit.json").read_text())))
     elif args.plots_from_json:
-        recorded = json.loads((Path(args.figures) / "credit.json").read_text())
-        for name in ENDS_FIGURES:
-            print(ends_plot(name, recorded, Path(args.figures)))
+        plots_from_json(Path(args.figures))
     elif args.gradients is not None:
         gradients_main(args)
     else:
@@ -938,6 +954,23 @@ def gradients_main(args) -> None:
     print(f"\n{plot_gradients(json.loads((figures / 'gradients.json').read_text()), figures)}")
 
 
+# The constructions and checkpoints by the names docs/REPRODUCTION.md gives them
+CONSTRUCTION_LABELS = {"outcome": "outcome-only", "implicit": "PRIME", "implicit-e1": "PRIME, local",
+                       "step": "checker, gamma 1", "step-e1": "checker, local",
+                       "step-first-e1": "first-slip checker, local", "step-noise-e1": "noisy checker, local"}
+
+
+def checkpoint_label(name: str) -> str:
+    """'credit-sparser-implicit-nf-mixed-e1-s1 step 20' -> 'PRIME, local, seed 1, step 20' (a run of
+    reproduce.py: 'prime-s1 step 70' -> 'PRIME, seed 1, step 70'); 'SFT start (...)' -> 'SFT start'."""
+    if " step " not in name:
+        return "SFT start"
+    run, step = name.rsplit(" step ", 1)
+    arm, seed = run.rsplit("-s", 1)
+    arm = arm.split("-", 2)[2] if arm.startswith("credit-") else arm  # credit-<setting>-<arm>
+    return f"{CREDIT_LABELS.get(arm, {'prime': 'PRIME', 'rloo': 'outcome-only'}.get(arm, arm))}, seed {seed}, step {step}"
+
+
 def plot_gradients(results: dict, figures: Path) -> Path:
     """gradients.png from gradients.json: every recorded checkpoint, each construction's batch cosine to
     outcome-only's mean, its per-batch SNR, and the cosine of its mean gradient with outcome-only's."""
@@ -950,16 +983,21 @@ def plot_gradients(results: dict, figures: Path) -> Path:
         cs = list(r["per_construction"])
         x = np.arange(len(cs)) + width * i - 0.3
         axes[0].bar(x, [r["per_construction"][c]["cosine_to_outcome_mean"] for c in cs], width,
-                    yerr=[r["per_construction"][c]["cosine_to_outcome_mean_se"] for c in cs], label=name)
-        axes[1].bar(x, [r["per_construction"][c]["snr"] for c in cs], width, label=name)
-        axes[2].bar(x, [r["cosine_of_means"][c]["outcome"] for c in cs], width, label=name)
-    axes[2].set_ylim(0.5, 1.02)
+                    yerr=[r["per_construction"][c]["cosine_to_outcome_mean_se"] for c in cs],
+                    label=checkpoint_label(name))
+        axes[1].bar(x, [r["per_construction"][c]["snr"] for c in cs], width, label=checkpoint_label(name))
+        axes[2].bar(x, [r["cosine_of_means"][c]["outcome"] for c in cs], width, label=checkpoint_label(name))
+    lowest = min(row["outcome"] for r in results.values() for row in r["cosine_of_means"].values())
+    axes[2].set_ylim(min(0.5, lowest - 0.05), 1.02)  # no bar cut off below the axis
     for ax, title in zip(axes, ("one batch's gradient: cosine to outcome-only's mean (other half)",
                                 "one batch's signal-to-noise |E g|^2 / E|g - E g|^2",
                                 "the mean gradient: cosine with outcome-only's mean")):
-        ax.set_xticks(range(len(cs)), cs, fontsize=7, rotation=20)  # every checkpoint has the same ones
+        ax.set_xticks(range(len(cs)), [CONSTRUCTION_LABELS.get(c, c) for c in cs], fontsize=7, rotation=20,
+                      ha="right")  # every checkpoint has the same ones
         ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7, loc="lower left" if ax is axes[2] else "upper right")
+    # one legend under the three panels, where it hides no bar
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=len(results), fontsize=8)
     return save_figure(fig, figures, "gradients")
 
 

@@ -421,8 +421,12 @@ def test_plots_from_json_draws_every_study_figure_from_the_shipped_numbers(tmp_p
     """The study's figures in docs/REPRODUCTION.md come from credit.json alone: every arm they show must
     be recorded there (a renamed or dropped arm fails here, not in a reader's browser)."""
     shutil.copy(REPO / "docs/figures/e1/credit.json", tmp_path / "credit.json")
+    shutil.copy(REPO / "docs/figures/e1/gradients.json", tmp_path / "gradients.json")
     credit_study.main(["--plots-from-json", "--figures", str(tmp_path)])
+    assert (tmp_path / "gradients.png").stat().st_size > 10_000
     for name in credit_study.ENDS_FIGURES:
         assert (tmp_path / f"ends-{name}.png").stat().st_size > 10_000, name
     with pytest.raises(ValueError, match=r"figure 'sparser-k' needs sparser arms that credit.json lacks: \['outcome-nf-k2'"):
         credit_study.ends_plot("sparser-k", {"sparser": {"outcome-nf": {}}}, tmp_path)
+    assert credit_study.checkpoint_label("credit-sparser-implicit-nf-mixed-e1-s2 step 20") == "PRIME, local, seed 2, step 20"
+    assert credit_study.checkpoint_label("prime-s1 step 70") == "PRIME, seed 1, step 70"
