@@ -37,7 +37,7 @@ import toy_task  # noqa: E402
 import torch  # noqa: E402
 import train  # noqa: E402
 from rollout import HFRollout  # noqa: E402
-from reproduce import (ARMS, CLAIM_SEEDS, CLAIM_T, CLAIM_T_STRONG, COLLAPSED, NULL_RATE, REPO, build_sft, fmt, load_finished, merge_json, paired,  # noqa: E402
+from reproduce import (ARMS, CLAIM_SEEDS, CLAIM_T, CLAIM_T_STRONG, COLLAPSED, LABELS, NULL_RATE, REPO, build_sft, fmt, load_finished, merge_json, paired,  # noqa: E402
                        paired_cells, paired_text, parse_study_args, run_all, same_parser, save_figure, series, steps_to_reach,
                        train_config)
 from runlog import moving_average, nanmean  # noqa: E402
@@ -476,6 +476,12 @@ ENDS_FIGURES = {
 VERDICT_COLORS = {"up": "tab:green", "down": "tab:red"}  # "none", a bimodal difference: grey
 
 
+def missing_arms(name: str, recorded: dict) -> list[str]:
+    """The arms figure `name` of ENDS_FIGURES shows that credit.json (`recorded`) does not hold."""
+    setting, arms = ENDS_FIGURES[name]
+    return [a for a in arms if a not in recorded.get(setting, {})]
+
+
 def ends_plot(name: str, recorded: dict, figures: Path) -> Path:
     """One of ENDS_FIGURES from credit.json: left, each arm's held-out sampled accuracy at the end, a dot
     a seed (x: a collapsed run, greedy below COLLAPSED), a bar at the mean, grey: the start; right, the
@@ -483,8 +489,7 @@ def ends_plot(name: str, recorded: dict, figures: Path) -> Path:
     mean with its 95% interval, coloured by the verdict of the one rule (a difference with a collapsed
     run gets no interval: its verdict is the sign count, as in --paired-from-json)."""
     setting, arms = ENDS_FIGURES[name]
-    missing = [a for a in arms if a not in recorded.get(setting, {})]
-    if missing:
+    if missing := missing_arms(name, recorded):
         raise ValueError(f"--plots-from-json: figure {name!r} needs {setting} arms that credit.json lacks: {missing}")
     stats = recorded[setting]
     fig, axes = plt.subplots(1, 2, figsize=(13, 1.2 + 0.42 * len(arms)), sharey=True, layout="constrained")
@@ -499,8 +504,7 @@ def ends_plot(name: str, recorded: dict, figures: Path) -> Path:
         if baseline == arm or baseline not in stats:
             continue
         p = paired(ends, per_seed(stats[baseline]))
-        collapsed = any(per_seed(x, "end_greedy")[s] < COLLAPSED for x in (stats[arm], stats[baseline])
-                        for s in p["seeds"])
+        collapsed = any(collapsed_runs(stats[arm], stats[baseline], p["seeds"]))
         color = "grey" if collapsed else VERDICT_COLORS.get(p["verdict"], "grey")
         axes[1].scatter(p["diffs"], [y] * len(p["diffs"]), s=22, color=color, alpha=0.7)
         lo, hi = p["ci95"]
@@ -531,8 +535,8 @@ def plots_from_json(figures: Path) -> None:
         raise SystemExit(f"--plots-from-json: --figures {figures} has neither credit.json nor gradients.json")
     if jsons[0].exists():
         recorded = json.loads(jsons[0].read_text())
-        for name, (setting, arms) in ENDS_FIGURES.items():
-            missing = [a for a in arms if a not in recorded.get(setting, {})]
+        for name, (setting, _) in ENDS_FIGURES.items():
+            missing = missing_arms(name, recorded)
             print(f"skipped ends-{name}.png: {jsons[0]} lacks {setting} {missing}" if missing
                   else ends_plot(name, recorded, figures))
     if jsons[1].exists():
@@ -719,6 +723,13 @@ QUOTED_PAIRS = [
 ]
 
 
+def collapsed_runs(arm: dict, against: dict, seeds: list[int]) -> list[int]:
+    """How many of `seeds`' runs of each side collapsed (greedy below COLLAPSED at the end; 0 where
+    the stats have no greedy accuracy)."""
+    return [sum(g < COLLAPSED for s, g in per_seed(x, "end_greedy").items() if s in seeds) if "end_greedy" in x
+            else 0 for x in (arm, against)]
+
+
 def paired_from_json(recorded: dict) -> str:
     """Every recorded arm against its outcome-only baseline, and the QUOTED_PAIRS, paired by seed, from
     credit.json alone: the verdicts the study's text may state (reproduce.paired), the 95% interval of
@@ -736,8 +747,7 @@ def paired_from_json(recorded: dict) -> str:
     for setting, arm, against in pairs:
         a, b = recorded[setting][arm], recorded[setting][against]
         p = paired(per_seed(a), per_seed(b))
-        collapsed = [sum(g < COLLAPSED for s, g in per_seed(x, "end_greedy").items() if s in p["seeds"])
-                     if "end_greedy" in x else 0 for x in (a, b)]
+        collapsed = collapsed_runs(a, b, p["seeds"])
         text, interval = paired_cells(p, any(collapsed))
         if not (any(collapsed) and len(p["seeds"]) > 1) and p["verdict"] != "too few seeds":
             family += 1
@@ -968,7 +978,7 @@ def checkpoint_label(name: str) -> str:
     run, step = name.rsplit(" step ", 1)
     arm, seed = run.rsplit("-s", 1)
     arm = arm.split("-", 2)[2] if arm.startswith("credit-") else arm  # credit-<setting>-<arm>
-    return f"{CREDIT_LABELS.get(arm, {'prime': 'PRIME', 'rloo': 'outcome-only'}.get(arm, arm))}, seed {seed}, step {step}"
+    return f"{CREDIT_LABELS.get(arm, LABELS.get(arm, arm))}, seed {seed}, step {step}"
 
 
 def plot_gradients(results: dict, figures: Path) -> Path:
@@ -981,12 +991,11 @@ def plot_gradients(results: dict, figures: Path) -> Path:
     width = 0.8 / len(results)
     for i, (name, r) in enumerate(sorted(results.items(), key=lambda kv: step(kv[0]))):
         cs = list(r["per_construction"])
-        x = np.arange(len(cs)) + width * i - 0.3
+        x, label = np.arange(len(cs)) + width * i - 0.3, checkpoint_label(name)
         axes[0].bar(x, [r["per_construction"][c]["cosine_to_outcome_mean"] for c in cs], width,
-                    yerr=[r["per_construction"][c]["cosine_to_outcome_mean_se"] for c in cs],
-                    label=checkpoint_label(name))
-        axes[1].bar(x, [r["per_construction"][c]["snr"] for c in cs], width, label=checkpoint_label(name))
-        axes[2].bar(x, [r["cosine_of_means"][c]["outcome"] for c in cs], width, label=checkpoint_label(name))
+                    yerr=[r["per_construction"][c]["cosine_to_outcome_mean_se"] for c in cs], label=label)
+        axes[1].bar(x, [r["per_construction"][c]["snr"] for c in cs], width, label=label)
+        axes[2].bar(x, [r["cosine_of_means"][c]["outcome"] for c in cs], width, label=label)
     lowest = min(row["outcome"] for r in results.values() for row in r["cosine_of_means"].values())
     axes[2].set_ylim(min(0.5, lowest - 0.05), 1.02)  # no bar cut off below the axis
     for ax, title in zip(axes, ("one batch's gradient: cosine to outcome-only's mean (other half)",
