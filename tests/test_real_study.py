@@ -125,3 +125,22 @@ def test_the_verdict_pairs_seeds_and_a_collapsed_run_gets_a_sign_count():
     table = real_study.seeds_table("chains", study)
     assert "| PRIME | 5 |" in table and "1 of 5" in table and "0.70" in table   # PRM pairwise: mean of 0.6, 0.7, 0.8
     assert np.isclose(float(table.split("| outcome-only | 5 | 0.500 -> 0.500 | 0.200 -> ")[1][:5]), np.mean(rloo_end))
+
+
+def test_a_recorded_run_loses_its_resume_checkpoint_but_stays_finished(tmp_path):
+    """The protocol drops a recorded run's checkpoint (GBs of Adam moments); the run must still read
+    as finished, or the next call would train it again from the start."""
+    import json
+
+    import reproduce
+    import runlog
+    run = tmp_path / "sums2-lr-rloo-1e-4-s1"
+    for folder in ("checkpoint-30", "checkpoint-40", "final"):  # 30: what a kill mid-save leaves behind
+        (run / folder).mkdir(parents=True)
+        (run / folder / "state.pt").write_bytes(b"x")
+    runlog.point_checkpoint_at(run, "checkpoint-40")
+    (run / "summary.json").write_text(json.dumps({"start_accuracy": 0.1, "end_accuracy": 0.5}))
+    assert (run / "checkpoint" / "state.pt").exists()
+    real_study.drop_resume_state(run)
+    assert sorted(p.name for p in run.iterdir()) == ["final", "summary.json"]
+    assert reproduce.finished(run)
