@@ -288,6 +288,19 @@ def point_checkpoint_at(run_dir: Path, name: str) -> None:
     os.replace(tmp, link)
 
 
+def drop_checkpoints(run_dir: Path) -> None:
+    """Remove a finished run's resume state: the `checkpoint` link (or a folder of that name, from
+    before links) and every checkpoint-<step>/. final/, the logs and summary.json stay, so the run still
+    reads as finished (reproduce.finished) and is not trained again."""
+    link = run_dir / "checkpoint"
+    if link.is_symlink():
+        link.unlink()
+    elif link.exists():
+        shutil.rmtree(link)
+    for folder in run_dir.glob("checkpoint-*"):
+        shutil.rmtree(folder)
+
+
 def optimizer_state_to(optimizer: torch.optim.Optimizer, device) -> None:
     """--offload-optimizer (veRL's optimizer offload): move AdamW's moments, exp_avg and exp_avg_sq (8
     bytes a parameter), to `device`; the step counts (0-dim tensors) stay where AdamW keeps them (on the

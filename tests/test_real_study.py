@@ -1,12 +1,15 @@
 """real_study.py (`python reproduce.py real`): the protocol's order, its choices and its verdicts by hand,
 on study.json records; the runs themselves are tested end to end in tests/test_real_model.py."""
 
+import json
 import math
 
 import numpy as np
 import pytest
 
 import real_study
+import reproduce
+import runlog
 
 
 def recorded(arm, seed, sampled, greedy=(0.5, 0.5), prm=None, setting=None):
@@ -127,20 +130,22 @@ def test_the_verdict_pairs_seeds_and_a_collapsed_run_gets_a_sign_count():
     assert np.isclose(float(table.split("| outcome-only | 5 | 0.500 -> 0.500 | 0.200 -> ")[1][:5]), np.mean(rloo_end))
 
 
-def test_a_recorded_run_loses_its_resume_checkpoint_but_stays_finished(tmp_path):
-    """The protocol drops a recorded run's checkpoint (GBs of Adam moments); the run must still read
-    as finished, or the next call would train it again from the start."""
-    import json
 
-    import reproduce
-    import runlog
+@pytest.mark.parametrize("layout", ["link", "folder"])
+def test_a_recorded_run_loses_its_resume_checkpoint_but_stays_finished(tmp_path, layout):
+    """The protocol drops a recorded run's checkpoint (GBs of Adam moments, runlog.drop_checkpoints);
+    the run must still read as finished, or the next call would train it again from the start.
+    "folder": a run from before `checkpoint` was a link."""
     run = tmp_path / "sums2-lr-rloo-1e-4-s1"
     for folder in ("checkpoint-30", "checkpoint-40", "final"):  # 30: what a kill mid-save leaves behind
         (run / folder).mkdir(parents=True)
         (run / folder / "state.pt").write_bytes(b"x")
-    runlog.point_checkpoint_at(run, "checkpoint-40")
+    if layout == "link":
+        runlog.point_checkpoint_at(run, "checkpoint-40")
+    else:
+        (run / "checkpoint-40").rename(run / "checkpoint")
     (run / "summary.json").write_text(json.dumps({"start_accuracy": 0.1, "end_accuracy": 0.5}))
     assert (run / "checkpoint" / "state.pt").exists()
-    real_study.drop_resume_state(run)
+    runlog.drop_checkpoints(run)
     assert sorted(p.name for p in run.iterdir()) == ["final", "summary.json"]
     assert reproduce.finished(run)
