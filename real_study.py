@@ -282,18 +282,22 @@ def grid_table(task: str, phase: str, study: dict) -> str:
             lines.append(f"| {head} | not run yet |" + " |" * 5)
             continue
         c = run["curves"]
-        prm = prm_last(run)
         mark = "yes" if chosen and all(chosen[k] == setting[k] for k in keys) else ""
         lines.append(f"| {head} | {', '.join(f'{a:.3f}' for a in c['heldout_sampled'])} | {score(run):.3f} | "
                      f"{c['heldout_greedy'][0]:.3f} -> {c['heldout_greedy'][-1]:.3f} | "
-                     f"{'n/a' if prm is None else f'{prm:.2f}'} | {c['train_seconds'][-1] / 60:.1f} | {mark} |")
+                     f"{prm_last([run])} | {c['train_seconds'][-1] / 60:.1f} | {mark} |")
     return "\n".join(lines)
 
 
-def prm_last(run: dict) -> float | None:
-    """A run's mean PRM pairwise accuracy over its last 10 steps (steps without one skipped); None without a PRM."""
-    values = [a for a in run["curves"]["prm_accuracy"][-10:] if a is not None]
-    return float(np.mean(values)) if values else None
+def prm_last(runs: list[dict]) -> str:
+    """The PRM's pairwise accuracy over the last 10 steps of these runs, pooled: "n/a" without a PRM. A step
+    with no mixed group has none and is skipped, and then the cell says on how many steps the mean rests
+    (a collapsed run may have two such steps in its last ten, each from one group)."""
+    values = [a for run in runs for a in run["curves"]["prm_accuracy"][-10:] if a is not None]
+    steps = sum(len(run["curves"]["prm_accuracy"][-10:]) for run in runs)
+    if not values:
+        return "n/a"
+    return f"{np.mean(values):.2f}" + ("" if len(values) == steps else f" ({len(values)} of {steps} steps)")
 
 
 def seed_runs(task: str, study: dict) -> dict[str, dict[int, dict]]:
@@ -334,10 +338,9 @@ def seeds_table(task: str, study: dict) -> str:
             lines.append(f"| {LABELS[arm]} | 0 | | | | | |")
             continue
         at = lambda key, i: np.mean([x["curves"][key][i] for x in r])  # noqa: E731
-        prm = [prm_last(x) for x in r] if arm == "prime" else []
         lines.append(f"| {LABELS[arm]} | {len(r)} | {at('heldout_greedy', 0):.3f} -> {at('heldout_greedy', -1):.3f} | "
                      f"{at('heldout_sampled', 0):.3f} -> {at('heldout_sampled', -1):.3f} | "
-                     f"{f'{np.mean(prm):.2f}' if prm else 'n/a'} | "
+                     f"{prm_last(r)} | "
                      f"{np.mean([x['curves']['train_seconds'][-1] for x in r]) / 60:.1f} | "
                      f"{sum(map(collapsed, r))} of {len(r)} |")
     for metric, v in verdicts(task, study).items():

@@ -128,6 +128,12 @@ def test_the_verdict_pairs_seeds_and_a_collapsed_run_gets_a_sign_count():
     table = real_study.seeds_table("chains", study)
     assert "| PRIME | 5 |" in table and "1 of 5" in table and "0.70" in table   # PRM pairwise: mean of 0.6, 0.7, 0.8
     assert np.isclose(float(table.split("| outcome-only | 5 | 0.500 -> 0.500 | 0.200 -> ")[1][:5]), np.mean(rloo_end))
+    # the collapsed run had a mixed group on one of its last 3 steps: the PRM's accuracy is pooled over the
+    # steps that have one, 4 x (0.6, 0.7, 0.8) and 1.0, (4 x 2.1 + 1.0) / 13 = 0.723, and says so
+    study["runs"]["chains-prime-s3"]["curves"]["prm_accuracy"] = [None, None, 1.0]
+    table = real_study.seeds_table("chains", study)
+    rows = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| ")}
+    assert "| 0.72 (13 of 15 steps) |" in rows["| PRIME"] and "| n/a |" in rows["| outcome-only"]
 
 
 
