@@ -285,11 +285,11 @@ def grid_table(task: str, phase: str, study: dict) -> str:
         mark = "yes" if chosen and all(chosen[k] == setting[k] for k in keys) else ""
         lines.append(f"| {head} | {', '.join(f'{a:.3f}' for a in c['heldout_sampled'])} | {score(run):.3f} | "
                      f"{c['heldout_greedy'][0]:.3f} -> {c['heldout_greedy'][-1]:.3f} | "
-                     f"{prm_last([run])} | {c['train_seconds'][-1] / 60:.1f} | {mark} |")
+                     f"{prm_cell([run])} | {c['train_seconds'][-1] / 60:.1f} | {mark} |")
     return "\n".join(lines)
 
 
-def prm_last(runs: list[dict]) -> str:
+def prm_cell(runs: list[dict]) -> str:
     """The PRM's pairwise accuracy over the last 10 steps of these runs, pooled: "n/a" without a PRM. A step
     with no mixed group has none and is skipped, and then the cell says on how many steps the mean rests
     (a collapsed run may have two such steps in its last ten, each from one group)."""
@@ -340,7 +340,7 @@ def seeds_table(task: str, study: dict) -> str:
         at = lambda key, i: np.mean([x["curves"][key][i] for x in r])  # noqa: E731
         lines.append(f"| {LABELS[arm]} | {len(r)} | {at('heldout_greedy', 0):.3f} -> {at('heldout_greedy', -1):.3f} | "
                      f"{at('heldout_sampled', 0):.3f} -> {at('heldout_sampled', -1):.3f} | "
-                     f"{prm_last(r)} | "
+                     f"{prm_cell(r)} | "
                      f"{np.mean([x['curves']['train_seconds'][-1] for x in r]) / 60:.1f} | "
                      f"{sum(map(collapsed, r))} of {len(r)} |")
     for metric, v in verdicts(task, study).items():

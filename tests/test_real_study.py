@@ -136,7 +136,6 @@ def test_the_verdict_pairs_seeds_and_a_collapsed_run_gets_a_sign_count():
     assert "| 0.72 (13 of 15 steps) |" in rows["| PRIME"] and "| n/a |" in rows["| outcome-only"]
 
 
-
 @pytest.mark.parametrize("layout", ["link", "folder"])
 def test_a_recorded_run_loses_its_resume_checkpoint_but_stays_finished(tmp_path, layout):
     """The protocol drops a recorded run's checkpoint (GBs of Adam moments, runlog.drop_checkpoints);
