@@ -60,7 +60,10 @@ Design
      "empty_boxed" otherwise), then parsed as a box's content.
    Under both graders an answer must answer the question: one that repeats an expression of the
    question ("restated", given `questions`) or is a sum or difference of plain numbers ("unevaluated")
-   scores 0 (not_an_answer); powers, products and scientific notation are closed forms.
+   scores 0 (not_an_answer); powers, products and scientific notation are closed forms. Both rules
+   read the answer stripped of layout and of the stop that ends its sentence ("82 is the answer to
+   82 + 89." was rewarded as 171 until issue 53's runs found it), and the sum rule reads math-verify's
+   parse too (adds_plain_numbers), so no layout the parser reads past hides an addition.
    On tests/math_equivalence_cases.py (373 labelled cases, 332 from public graders' test suites) the
    math-verify reading agrees with the label on 365 (97.9%), the official rule on 230 (61.7%, most
    misses are answers outside a box).
@@ -192,6 +195,7 @@ _TIMES = re.compile(r"\\times|\\cdot|\\ast|×|·")
 _LAYOUT = re.compile(r"\\\$|\\displaystyle|\\textstyle|\\left|\\right|\\q?quad|\\[,;:! ]|\s+|[{}$~]")
 _OPERATOR = re.compile(r"(?<=.)[-+*/^]|\\frac|\\sqrt")  # a sign in front is not an operator
 _INSIDE = set("0123456789.^*/+-")  # what would make a match in the question a piece of a longer expression
+_SENTENCE_END = ".,;:!?"  # what may end the sentence an answer stands in; math-verify extracts "86 + 87."
 
 
 def _bare(expression: str) -> str:
@@ -199,7 +203,8 @@ def _bare(expression: str) -> str:
     \\$87 \\text{ apples}" -> "86+87"; "16 \\times 3" -> "16*3"; "2^{10}" -> "2^10"."""
     text = _UNIT_WORDS.sub("", _UNITS.sub("", expression))
     text = _TIMES.sub("*", text).replace("\\div", "/").replace("÷", "/").replace("−", "-")
-    return _LAYOUT.sub("", text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac"))
+    text = _LAYOUT.sub("", text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac"))
+    return text.rstrip(_SENTENCE_END)  # "86 + 87." restates 86 + 87 (issue 53: a policy found the stop)
 
 
 def unevaluated(answer: str) -> bool:
@@ -233,12 +238,25 @@ def restated(answer: str, question: str, gold: str = "") -> bool:
     return False
 
 
-def not_an_answer(answer: str, gold: str, question: str) -> str:
+def adds_plain_numbers(parsed) -> bool:
+    """Whether what math-verify parsed (a sympy expression, left unevaluated) is a sum or difference of
+    plain numbers: the same rule as `unevaluated`, read from the parse, not the string, so no layout
+    math-verify reads past ("86 + 87.", "86 + 87 \\ldots") hides the addition."""
+    from sympy import Add, Float, Integer, Mul  # only workers import sympy
+
+    def plain(term) -> bool:  # 35, 35.0, or -35 as "- 35" parses (Mul(-1, 35))
+        return isinstance(term, (Integer, Float)) or \
+            (isinstance(term, Mul) and len(term.args) == 2 and term.args[0] == -1 and plain(term.args[1]))
+
+    return isinstance(parsed, Add) and all(plain(term) for term in parsed.args)
+
+
+def not_an_answer(answer: str, gold: str, question: str, parsed=None) -> str:
     """The reason an extracted answer is no answer to `question` whatever its value ("restated",
-    "unevaluated"), or "" when it is one."""
+    "unevaluated"), or "" when it is one. `parsed`: math-verify's reading of it, when there is one."""
     if restated(answer, question, gold):
         return "restated"
-    if unevaluated(answer) and not unevaluated(gold):
+    if (unevaluated(answer) or adds_plain_numbers(parsed)) and not unevaluated(gold):
         return "unevaluated"
     return ""
 
@@ -527,9 +545,10 @@ def _math_equal(answer: str, gold: str, question: str = "") -> tuple[float, str]
     verify(gold, answer) (not symmetric). (reward, reason)."""
     from math_verify import verify  # only workers import sympy
 
-    if refused := not_an_answer(answer, gold, question):
+    answer_parsed = _parse_boxed(answer)
+    if refused := not_an_answer(answer, gold, question, answer_parsed[0] if answer_parsed else None):
         return 0.0, refused
-    return (1.0, "ok") if verify(_parse_boxed(gold), _parse_boxed(answer), timeout_seconds=None) else (0.0, "wrong")
+    return (1.0, "ok") if verify(_parse_boxed(gold), answer_parsed, timeout_seconds=None) else (0.0, "wrong")
 
 
 def _math_verify_response(response: str, gold: str, question: str = "") -> tuple[float, str]:
@@ -552,7 +571,7 @@ def _math_verify_response(response: str, gold: str, question: str = "") -> tuple
     answer_parsed = parse(_FBOX.sub(r"\\boxed{", response), parsing_timeout=None)
     if not answer_parsed:
         return 0.0, "no_answer"
-    if refused := not_an_answer(answer_parsed[-1], gold, question):
+    if refused := not_an_answer(answer_parsed[-1], gold, question, answer_parsed[0]):
         return 0.0, refused
     gold_parsed = _parse_boxed(gold)
     if verify(gold_parsed, answer_parsed, timeout_seconds=None):
