@@ -391,7 +391,7 @@ def report(tasks: list[str], figures: Path) -> None:
     for task in tasks:
         print(f"\n# {task}\n\n## 1. the policy lr, outcome-only, validation split\n\n{grid_table(task, 'lr', study)}")
         print(f"\n## 2. the PRM lr and beta, PRIME, validation split\n\n{grid_table(task, 'prm', study)}")
-        print(f"\n## 3. five seeds a arm, held-out questions\n\n{seeds_table(task, study)}")
+        print(f"\n## 3. five seeds an arm, held-out questions\n\n{seeds_table(task, study)}")
         path = plot_task(task, study, figures)
         if path:
             print(f"\n{path}")
