@@ -241,13 +241,23 @@ def restated(answer: str, question: str, gold: str = "") -> bool:
 def adds_plain_numbers(parsed) -> bool:
     """Whether what math-verify parsed (a sympy expression, left unevaluated) is a sum or difference of
     plain numbers: the same rule as `unevaluated`, read from the parse, not the string, so no layout
-    math-verify reads past ("86 + 87.", "86 + 87 \\ldots") hides the addition."""
-    from sympy import Add, Float, Integer, Mul  # only workers import sympy
+    math-verify reads past ("86 + 87.", "86 + 87 \\ldots") hides the addition, and a factor or an
+    exponent of 1 ("86 + 87 \\cdot 1", "(86 + 87)^1", "-(86 + 87)") changes nothing."""
+    from sympy import Add, Float, Integer, Mul, Pow  # only workers import sympy
+
+    def without_ones(e):
+        if isinstance(e, Mul) and len(rest := [a for a in e.args if a != 1]) == 1:
+            return without_ones(rest[0])
+        if isinstance(e, Mul) and len(e.args) == 2 and e.args[0] == -1 and isinstance(e.args[1], Add):
+            return without_ones(e.args[1])  # -(86 + 87): as undone as 86 + 87
+        return without_ones(e.args[0]) if isinstance(e, Pow) and e.args[1] == 1 else e
 
     def plain(term) -> bool:  # 35, 35.0, or -35 as "- 35" parses (Mul(-1, 35))
+        term = without_ones(term)
         return isinstance(term, (Integer, Float)) or \
             (isinstance(term, Mul) and len(term.args) == 2 and term.args[0] == -1 and plain(term.args[1]))
 
+    parsed = without_ones(parsed)
     return isinstance(parsed, Add) and all(plain(term) for term in parsed.args)
 
 

@@ -327,15 +327,18 @@ def test_no_stop_or_layout_after_a_sum_hides_it(grader):
 
 def test_adds_plain_numbers_reads_the_parse():
     """True for a sum or difference of integers or decimals as math-verify leaves it unevaluated, whatever
-    the layout around it; False for a value, a closed form, a surd or fractions (as `unevaluated`)."""
+    the layout around it and with any factor or exponent of 1; False for a value, a closed form, a surd or
+    fractions (as `unevaluated`)."""
     from math_verify import parse
 
     def parsed(latex):
         return parse("$" + latex + "$")[0]
 
-    for latex in ("86 + 87", "(86)+(87)", "15 - 35", "-3-5", "0.5+0.25", "1+1+1", "15 - -35"):
+    for latex in ("86 + 87", "(86)+(87)", "15 - 35", "-3-5", "0.5+0.25", "1+1+1", "15 - -35",
+                  "86 \\cdot 1 + 87", "86 + 87 \\cdot 1", "(86 + 87)^1", "1 \\cdot (86 + 87)", "86 + 87^1", "-(86 + 87)"):
         assert verify.adds_plain_numbers(parsed(latex)), latex
-    for latex in ("173", "-5", "2^{10}-1", "3+2\\sqrt{2}", "16 \\times 3", "\\frac{1}{2}+\\frac{1}{3}", "x+1"):
+    for latex in ("173", "-5", "2^{10}-1", "3+2\\sqrt{2}", "16 \\times 3", "\\frac{1}{2}+\\frac{1}{3}", "x+1",
+                  "3 \\times 10^8 + 1", "-(2^{10})", "173 \\cdot 1"):
         assert not verify.adds_plain_numbers(parsed(latex)), latex
     assert not verify.adds_plain_numbers(None)
 
