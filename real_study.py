@@ -85,6 +85,18 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def code_version() -> str:
+    """The commit a run starts from, "+changes" when tracked files differ from it, "unknown" outside a git
+    checkout: which verifier graded a recorded run (the sums runs graded before 57430c7 are withdrawn)."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+
+    head = git("rev-parse", "--short=12", "HEAD")
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+changes" if git("status", "--porcelain", "--untracked-files=no").stdout.strip() else "")
+
+
 def prepare(task: str, out: Path, cache_dir: str) -> dict:
     """The task file, its validation file and its start, built once by the commands the docs give;
     returns their paths and hashes (a recorded run pairs only with runs of the same start)."""
@@ -183,8 +195,9 @@ def read_study(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"runs": {}}
 
 
-def record(study_path: Path, name: str, setting: dict, paths: dict, run_dir: Path) -> None:
-    """A finished run's setting, end numbers and curves into study.json (atomically, one writer)."""
+def record(study_path: Path, name: str, setting: dict, paths: dict, run_dir: Path, code: str) -> None:
+    """A finished run's setting, end numbers and curves into study.json (atomically, one writer), with the
+    code it (last) started from."""
     run = runlog.read_run(run_dir)
     metrics, summary = run["metrics"], run["summary"]
     seconds = np.cumsum([sum(v for k, v in m["time"].items() if k != "eval") for m in metrics])
@@ -198,7 +211,7 @@ def record(study_path: Path, name: str, setting: dict, paths: dict, run_dir: Pat
                                  summary["end_accuracy"]],
               "heldout_sampled": [summary["start_sampled_accuracy"], *(m["heldout_sampled_accuracy"] for m in evals),
                                   summary["end_sampled_accuracy"]]}
-    entry = {"setting": setting, "flags": run["config"], "start_sha256": paths["start_sha256"],
+    entry = {"setting": setting, "code": code, "flags": run["config"], "start_sha256": paths["start_sha256"],
              "data_sha256": paths["data_sha256"], "summary": summary, "curves": curves}
     with _RECORD:
         study = read_study(study_path)
@@ -238,8 +251,9 @@ def run_protocol(tasks: list[str], args) -> None:
             failed = True
             try:
                 flags = [*run_flags(task, paths[task], validation=phase != "seeds"), *arm_flags(setting)]
+                code = code_version()
                 run_dir = run_arm(name.rsplit("-s", 1)[0], setting["seed"], args, args.threads, flags)
-                record(study_path, name, setting, paths[task], run_dir)
+                record(study_path, name, setting, paths[task], run_dir, code)
                 # its numbers are in study.json, its weights in final/; its resume checkpoint (Adam moments:
                 # 1.6 GB outcome-only, 3.1 GB PRIME on SmolLM2-135M) would make the 37 runs hold ~86 GB
                 runlog.drop_checkpoints(run_dir)

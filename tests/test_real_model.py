@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -176,6 +177,7 @@ def test_the_real_study_runs_its_lr_grid_records_it_and_resumes_from_the_record(
     assert run["curves"]["step"] == [1, 2] and run["curves"]["eval_step"] == [0, 1, 2]
     assert len(run["curves"]["heldout_sampled"]) == 3 and run["start_sha256"] == models.SMOLLM2_WEIGHTS_SHA256
     assert real_study.choice("sums2", "lr", study) == {"policy_lr": "1e-5"}
+    assert re.fullmatch(r"[0-9a-f]{12}(\+changes)?|unknown", run["code"]), run["code"]  # the verifier it ran with
     shutil.rmtree(out / "sums2-lr-rloo-1e-5-s1")
     capsys.readouterr()
     reproduce.main(argv)
