@@ -308,6 +308,18 @@ def _box_spans(text: str) -> list[tuple[int, int]]:
     return found
 
 
+_STOP_IN_BOX = re.compile(r"(?<![.\\])\.\s*$")  # one full stop ending a box's content, not "..." or "\\."
+
+
+def drop_box_stops(text: str) -> str:
+    """Every box's content without the full stop that ends its sentence ("\\boxed{173.}" -> "\\boxed{173}"),
+    which math-verify cannot parse; "\\boxed{1, 2, 3, ...}" keeps its dots."""
+    for start, end in reversed(_box_spans(text)):
+        content_start = _BOX_START.match(text, start).end()
+        text = text[:content_start] + _STOP_IN_BOX.sub("", text[content_start:end]) + text[end:]
+    return text
+
+
 def _box_content(text: str, span: tuple[int, int]) -> str:
     """What a box of _box_spans holds, between its opening brace and its closing one."""
     return text[_BOX_START.match(text, span[0]).end():span[1]]
@@ -555,6 +567,7 @@ def _math_equal(answer: str, gold: str, question: str = "") -> tuple[float, str]
     verify(gold, answer) (not symmetric). (reward, reason)."""
     from math_verify import verify  # only workers import sympy
 
+    answer = _STOP_IN_BOX.sub("", answer)  # "\\boxed{173.}" answers 173
     answer_parsed = _parse_boxed(answer)
     if refused := not_an_answer(answer, gold, question, answer_parsed[0] if answer_parsed else None):
         return 0.0, refused
@@ -576,7 +589,7 @@ def _math_verify_response(response: str, gold: str, question: str = "") -> tuple
     that boxes a value, rejects it in words and boxes another."""
     from math_verify import parse, verify  # only workers import sympy
 
-    response, gold = join_spaced_thousands(response), join_spaced_thousands(gold)
+    response, gold = drop_box_stops(join_spaced_thousands(response)), join_spaced_thousands(gold)
     # \fbox is the official grader's other box; math-verify knows only \boxed
     answer_parsed = parse(_FBOX.sub(r"\\boxed{", response), parsing_timeout=None)
     if not answer_parsed:

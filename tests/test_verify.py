@@ -325,6 +325,18 @@ def test_no_stop_or_layout_after_a_sum_hides_it(grader):
     assert [s.reason for s in scores] == ["ok"] * 3, list(zip(fine, scores))
 
 
+@pytest.mark.parametrize("grader", verify.MATH_GRADERS)
+def test_a_stop_inside_a_box_takes_nothing_away(grader):
+    """math-verify cannot parse "173." as a box's content; the stop that ends a sentence is dropped first
+    (verify.drop_box_stops), so each of these scores 1, and a restated sum so written still scores 0."""
+    cases = [("\\boxed{173.}", "173"), ("\\boxed{0.5.}", "0.5"), ("\\boxed{x = 5.}", "5"),
+             ("\\boxed{\\frac{1}{2}.}", "0.5"), ("\\boxed{173 .}", "173"), ("\\boxed{1, 2, 3, ...}", "1, 2, 3, ...")]
+    scores = verify.score_batch([f"So ${box}$" for box, _ in cases], [gold for _, gold in cases], ["math"] * len(cases),
+                                math_grader=grader)
+    assert [s.reason for s in scores] == ["ok"] * len(cases), list(zip(cases, scores))
+    assert verify.drop_box_stops("\\boxed{1.} and \\boxed{2\\.}, \\boxed{3...}") == "\\boxed{1} and \\boxed{2\\.}, \\boxed{3...}"
+
+
 def test_adds_plain_numbers_reads_the_parse():
     """True for a sum or difference of integers or decimals as math-verify leaves it unevaluated, whatever
     the layout around it and with any factor or exponent of 1; False for a value, a closed form, a surd or
