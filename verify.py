@@ -50,7 +50,7 @@ Design
      order, but the same elements, so an extra or a missing box scores 0, and a box the response
      rejects in words before its last ("\\boxed{-2}, but -2 fails, so \\boxed{3}") is not read. Digits
      grouped in threes by a space or a thin space read as one number ("1 000", "1\\,000"; "1, 000"
-     stays a list).
+     stays a list). A full stop ending a box's content is dropped first ("\\boxed{173.}" answers 173).
      A response whose last box is never closed was cut off while writing its answer: it scores 0
      ("unclosed_boxed") under both graders, so no intermediate value ("9-9=0" in a toy chain whose
      gold is 0) is read in its place. A response with no box at all is read wherever math-verify
