@@ -384,8 +384,9 @@ def math_format(response: str) -> int:
 
 
 def _clean_latex(answer: str) -> str:
-    """Drop unescaped `$` (OlympiadBench golds look like "$69$,$84$") and surrounding space."""
-    return _UNESCAPED_DOLLAR.sub("", answer).strip()
+    """Drop unescaped `$` (OlympiadBench golds look like "$69$,$84$"), surrounding space and a final full
+    stop ("$(-\\infty, 0) \\cup\\{1\\}$." is an OlympiadBench gold; "173." an answer)."""
+    return _STOP_IN_BOX.sub("", _UNESCAPED_DOLLAR.sub("", answer).strip())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -567,8 +568,7 @@ def _math_equal(answer: str, gold: str, question: str = "") -> tuple[float, str]
     verify(gold, answer) (not symmetric). (reward, reason)."""
     from math_verify import verify  # only workers import sympy
 
-    answer = _STOP_IN_BOX.sub("", answer)  # "\\boxed{173.}" answers 173
-    answer_parsed = _parse_boxed(answer)
+    answer_parsed = _parse_boxed(answer)  # "\\boxed{173.}" answers 173 (_clean_latex)
     if refused := not_an_answer(answer, gold, question, answer_parsed[0] if answer_parsed else None):
         return 0.0, refused
     return (1.0, "ok") if verify(_parse_boxed(gold), answer_parsed, timeout_seconds=None) else (0.0, "wrong")
