@@ -330,7 +330,8 @@ def test_a_stop_inside_a_box_takes_nothing_away(grader):
     """math-verify cannot parse "173." as a box's content; the stop that ends a sentence is dropped first
     (verify.drop_box_stops), so each of these scores 1, and a restated sum so written still scores 0."""
     cases = [("\\boxed{173.}", "173"), ("\\boxed{0.5.}", "0.5"), ("\\boxed{x = 5.}", "5"),
-             ("\\boxed{\\frac{1}{2}.}", "0.5"), ("\\boxed{173 .}", "173"), ("\\boxed{1, 2, 3, ...}", "1, 2, 3, ...")]
+             ("\\boxed{\\frac{1}{2}.}", "0.5"), ("\\boxed{173 .}", "173"), ("\\boxed{1, 2, 3, ...}", "1, 2, 3, ..."),
+             ("\\boxed{(-\\infty, 0) \\cup \\{1\\}}", "$(-\\infty, 0) \\cup\\{1\\}$.")]  # an OlympiadBench gold's stop
     scores = verify.score_batch([f"So ${box}$" for box, _ in cases], [gold for _, gold in cases], ["math"] * len(cases),
                                 math_grader=grader)
     assert [s.reason for s in scores] == ["ok"] * len(cases), list(zip(cases, scores))
