@@ -94,7 +94,8 @@ def code_version() -> str:
     head = git("rev-parse", "--short=12", "HEAD")
     if head.returncode != 0:
         return "unknown"
-    return head.stdout.strip() + ("+changes" if git("status", "--porcelain", "--untracked-files=no").stdout.strip() else "")
+    changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return head.stdout.strip() + ("+changes" if changed else "")
 
 
 def prepare(task: str, out: Path, cache_dir: str) -> dict:

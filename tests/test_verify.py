@@ -335,7 +335,8 @@ def test_a_stop_inside_a_box_takes_nothing_away(grader):
     scores = verify.score_batch([f"So ${box}$" for box, _ in cases], [gold for _, gold in cases], ["math"] * len(cases),
                                 math_grader=grader)
     assert [s.reason for s in scores] == ["ok"] * len(cases), list(zip(cases, scores))
-    assert verify.drop_box_stops("\\boxed{1.} and \\boxed{2\\.}, \\boxed{3...}") == "\\boxed{1} and \\boxed{2\\.}, \\boxed{3...}"
+    assert verify.drop_box_stops("\\boxed{1.} and \\boxed{2\\.}, \\boxed{3...}") == \
+        "\\boxed{1} and \\boxed{2\\.}, \\boxed{3...}"
 
 
 def test_adds_plain_numbers_reads_the_parse():
@@ -348,7 +349,8 @@ def test_adds_plain_numbers_reads_the_parse():
         return parse("$" + latex + "$")[0]
 
     for latex in ("86 + 87", "(86)+(87)", "15 - 35", "-3-5", "0.5+0.25", "1+1+1", "15 - -35",
-                  "86 \\cdot 1 + 87", "86 + 87 \\cdot 1", "(86 + 87)^1", "1 \\cdot (86 + 87)", "86 + 87^1", "-(86 + 87)"):
+                  "86 \\cdot 1 + 87", "86 + 87 \\cdot 1", "(86 + 87)^1", "1 \\cdot (86 + 87)", "86 + 87^1",
+                  "-(86 + 87)"):
         assert verify.adds_plain_numbers(parsed(latex)), latex
     for latex in ("173", "-5", "2^{10}-1", "3+2\\sqrt{2}", "16 \\times 3", "\\frac{1}{2}+\\frac{1}{3}", "x+1",
                   "3 \\times 10^8 + 1", "-(2^{10})", "173 \\cdot 1"):
