@@ -120,8 +120,12 @@ def prepare(task: str, out: Path, cache_dir: str) -> dict:
             solutions = out / f"{task}-sft.jsonl"
             subprocess.run([sys.executable, "data.py", *spec["sft"], "--exclude", str(paths["data"]),
                             "--out", str(solutions)], check=True, cwd=REPO)
+            # one thread, whoever starts the protocol: the same machine then rebuilds the same weights to the
+            # bit. Another thread count or CPU differs in float32 round-off (max 3e-7 a weight seen here), so
+            # the runs record the start's hash and the seeds pair only runs of one start (verdicts)
             subprocess.run([sys.executable, "models.py", "sft", "--model", str(base), "--data", str(solutions),
-                            "--out", str(paths["start"]), "--steps", str(spec["sft_steps"])], check=True, cwd=REPO)
+                            "--out", str(paths["start"]), "--steps", str(spec["sft_steps"])], check=True, cwd=REPO,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     return {**paths, "data_sha256": sha256(paths["data"]),
             "start_sha256": sha256(paths["start"] / "model.safetensors")}
 
@@ -329,16 +333,31 @@ def collapsed(run: dict) -> bool:
     return greedy[-1] < COLLAPSE * greedy[0]
 
 
+def start_of(run: dict) -> tuple:
+    """The weights and task file a run started from. The chains start is rebuilt by its SFT command on each
+    machine, and a rebuild on another machine or thread count differs in float32 round-off (max 3e-7 a
+    weight), so two runs pair only when they share this."""
+    return run.get("start_sha256"), run.get("data_sha256")
+
+
+def mismatched_seeds(runs: dict[str, dict[int, dict]]) -> list[int]:
+    """Seeds both arms ran, but from different starts (or task files): not paired."""
+    return sorted(s for s in set(runs["rloo"]) & set(runs["prime"])
+                  if start_of(runs["rloo"][s]) != start_of(runs["prime"][s]))
+
+
 def verdicts(task: str, study: dict) -> dict:
-    """PRIME - outcome-only on the held-out questions, paired by seed: greedy and sampled at the end."""
+    """PRIME - outcome-only on the held-out questions, paired by seed (a seed whose two runs started
+    from different weights is left out and named): greedy and sampled at the end."""
     runs = seed_runs(task, study)
+    mismatched = mismatched_seeds(runs)
     out = {}
     for metric, key in (("end greedy", "heldout_greedy"), ("end sampled", "heldout_sampled")):
         value = {arm: {s: r["curves"][key][-1] for s, r in runs[arm].items()} for arm in runs}
-        p = paired(value["prime"], value["rloo"])
+        p = paired({s: v for s, v in value["prime"].items() if s not in mismatched}, value["rloo"])
         bimodal = any(collapsed(runs[arm][s]) for arm in runs for s in p["seeds"])
         text, interval = paired_cells(p, bimodal)
-        out[metric] = {**p, "text": text, "interval": interval, "collapsed": bimodal,
+        out[metric] = {**p, "text": text, "interval": interval, "collapsed": bimodal, "mismatched": mismatched,
                        "means": {arm: float(np.mean(list(v.values()))) if v else None for arm, v in value.items()}}
     return out
 
@@ -358,8 +377,16 @@ def seeds_table(task: str, study: dict) -> str:
                      f"{prm_cell(r)} | "
                      f"{np.mean([x['curves']['train_seconds'][-1] for x in r]) / 60:.1f} | "
                      f"{sum(map(collapsed, r))} of {len(r)} |")
+    starts = {}
+    for arm in ("rloo", "prime"):
+        for seed, run in runs[arm].items():
+            starts.setdefault((run.get("start_sha256") or "unknown")[:8], []).append(f"{LABELS[arm]} {seed}")
+    if len(starts) > 1:
+        lines.append("\nstarts (sha256 of the weights): " + "; ".join(f"{h}: {', '.join(r)}" for h, r in starts.items()))
     for metric, v in verdicts(task, study).items():
         lines.append(f"\nPRIME - outcome-only, {metric}, paired by seed: {v['text']}, 95% interval {v['interval']}")
+    if v["mismatched"]:
+        lines.append(f"\nnot paired (the two arms started from different weights): seeds {v['mismatched']}")
     return "\n".join(lines)
 
 

@@ -136,6 +136,33 @@ def test_the_verdict_pairs_seeds_and_a_collapsed_run_gets_a_sign_count():
     assert "| 0.72 (13 of 15 steps) |" in rows["| PRIME"] and "| n/a |" in rows["| outcome-only"]
 
 
+def test_a_seed_whose_two_arms_started_from_different_weights_is_not_paired():
+    # PRIME ends 0.40, 0.45, 0.50 against outcome-only 0.35, 0.40, 0.41; seed 3's PRIME run started from a
+    # rebuilt SFT (another sha256): only seeds 1 and 2 pair, differences 0.05 and 0.05, mean 0.05, sd 0
+    study = {"runs": {}}
+    for seed, (p, r) in enumerate(zip([0.40, 0.45, 0.50], [0.35, 0.40, 0.41]), 1):
+        study["runs"][f"chains-prime-s{seed}"] = {**recorded("prime", seed, [0.2, p]), "start_sha256": "aaaa1111",
+                                                  "data_sha256": "d"}
+        study["runs"][f"chains-rloo-s{seed}"] = {**recorded("rloo", seed, [0.2, r]), "start_sha256": "aaaa1111",
+                                                 "data_sha256": "d"}
+    for phase, arm in (("lr", "rloo"), ("prm", "prime")):
+        for name, s in real_study.grid_runs("chains", phase, study):
+            study["runs"][name] = recorded(arm, 1, [0.1, 0.2, 0.3], setting=s)
+    v = real_study.verdicts("chains", study)["end sampled"]
+    assert v["seeds"] == [1, 2, 3] and v["mismatched"] == [] and v["mean"] == pytest.approx((0.05 + 0.05 + 0.09) / 3)
+    study["runs"]["chains-prime-s3"]["start_sha256"] = "bbbb2222"
+    v = real_study.verdicts("chains", study)["end sampled"]
+    assert v["seeds"] == [1, 2] and v["mismatched"] == [3] and v["mean"] == pytest.approx(0.05)
+    assert v["means"]["prime"] == pytest.approx(0.45)  # each arm's own mean still counts every run it has
+    table = real_study.seeds_table("chains", study)
+    assert "not paired (the two arms started from different weights): seeds [3]" in table
+    assert "aaaa1111: outcome-only 1, outcome-only 2, outcome-only 3, PRIME 1, PRIME 2; bbbb2222: PRIME 3" in table
+    # a different task file is a different start too
+    study["runs"]["chains-prime-s3"]["start_sha256"] = "aaaa1111"
+    study["runs"]["chains-rloo-s2"]["data_sha256"] = "e"
+    assert real_study.verdicts("chains", study)["end greedy"]["mismatched"] == [2]
+
+
 @pytest.mark.parametrize("layout", ["link", "folder"])
 def test_a_recorded_run_loses_its_resume_checkpoint_but_stays_finished(tmp_path, layout):
     """The protocol drops a recorded run's checkpoint (GBs of Adam moments, runlog.drop_checkpoints);
