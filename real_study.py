@@ -86,15 +86,16 @@ def sha256(path: Path) -> str:
 
 
 def code_version() -> str:
-    """The commit a run starts from, "+changes" when tracked files differ from it, "unknown" outside a git
-    checkout: which verifier graded a recorded run (the sums runs graded before 57430c7 are withdrawn)."""
+    """The commit a run starts from, "+changes" when tracked code differs from it (docs/ is not code: the
+    study.json a finished run just wrote is there), "unknown" outside a git checkout: which verifier graded
+    a recorded run (the sums runs graded before 57430c7 are withdrawn)."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
 
     head = git("rev-parse", "--short=12", "HEAD")
     if head.returncode != 0:
         return "unknown"
-    changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs").stdout.strip()
     return head.stdout.strip() + ("+changes" if changed else "")
 
 

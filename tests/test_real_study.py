@@ -181,3 +181,23 @@ def test_a_recorded_run_loses_its_resume_checkpoint_but_stays_finished(tmp_path,
     runlog.drop_checkpoints(run)
     assert sorted(p.name for p in run.iterdir()) == ["final", "summary.json"]
     assert reproduce.finished(run)
+
+
+def test_code_version_names_the_commit_and_a_change_to_code_but_not_to_docs(tmp_path, monkeypatch):
+    import subprocess
+    git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True, text=True)  # noqa: E731
+    monkeypatch.setattr(real_study, "REPO", tmp_path)
+    assert real_study.code_version() == "unknown"   # not a git checkout
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "verify.py").write_text("x = 1\n")
+    (tmp_path / "docs" / "study.json").write_text("{}\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    head = git("rev-parse", "--short=12", "HEAD").stdout.strip()
+    assert real_study.code_version() == head
+    (tmp_path / "docs" / "study.json").write_text('{"runs": {}}\n')  # a run just recorded: still the same code
+    (tmp_path / "notes.txt").write_text("untracked\n")
+    assert real_study.code_version() == head
+    (tmp_path / "verify.py").write_text("x = 2\n")
+    assert real_study.code_version() == head + "+changes"
