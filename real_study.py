@@ -210,6 +210,7 @@ def record(study_path: Path, name: str, setting: dict, paths: dict, run_dir: Pat
     evals = [m for m in metrics if m.get("heldout_sampled_accuracy") is not None]
     curves = {"step": [m["step"] for m in metrics], "train_seconds": seconds.round(2).tolist(),
               **{key: [m.get(key) for m in metrics] for key in ("reward", "prm_accuracy", "prm_localization",
+                                                                "right_with_wrong_step",
                                                                 "response_length", "kept_groups", "refill_draws",
                                                                 "rollout_logp_abs_diff")},
               "eval_step": [0, *(m["step"] for m in evals), summary["steps"]],

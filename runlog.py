@@ -159,6 +159,8 @@ def step_metrics(args, step: int, sums: dict, kept_per_rank: list, losses: dict)
         "process_reward_abs_mean": sums["process_abs"] / max(sums["process_tokens"], 1),
         # the share of wrong responses whose most blamed step is their first wrong one
         "prm_localization": sums["localized"] / sums["wrong"] if sums["wrong"] else None,
+        # the share of right training responses with a step an exact checker marks wrong (slips that cancel)
+        "right_with_wrong_step": sums["right_slipped"] / sums["right"] if sums["right"] else None,
     }
     if args.estimator == "ppo":
         metrics["value_loss"] = mean(losses["value"])

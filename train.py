@@ -321,6 +321,14 @@ def localization_sum(args: Args, b: Batch, signal, step_ids, first_wrong, d: Dis
                                       torch.where(wrong, first_wrong.to(d.device), -1))
 
 
+def right_with_wrong_step_sum(b: Batch, first_wrong, d: Dist) -> tuple[int, int]:
+    """(right training responses with a step an exact checker marks wrong, right training responses)."""
+    if first_wrong is None:
+        return 0, 0
+    train = torch.arange(len(b.outcome), device=d.device) < b.n_train
+    return step_prm.right_with_wrong_step(b.outcome[train], first_wrong.to(d.device)[train])
+
+
 def warmup_prm(args: Args, models: Models, sampler, train_tasks, d: Dist) -> list[float]:
     """--prm-warmup-steps: train the implicit PRM on the STARTING policy's rollouts before RL.
 
@@ -527,6 +535,7 @@ def main(argv=None):
             checked_steps, first_wrong = step_prm.checker_steps(tokenizer, b.questions, b.texts, b.ro,
                                                                 embedded=not args.data)  # an exact checker's verdict
             localized, n_wrong = localization_sum(args, b, signal, checked_steps, first_wrong, d)
+            right_slipped, n_right = right_with_wrong_step_sum(b, first_wrong, d)
 
         # 5. Advantages, Eq. 5 (line 9), with the whole batch's statistics over all ranks ------------
         process = process_rewards(args, signal, step_ids, b.train_mask, b.outcome, d)  # (B, R) per-token rewards
@@ -545,7 +554,8 @@ def main(argv=None):
         sums = all_reduce(runlog.merge_counts(
             runlog.step_counts(args, tasks, ro, scores, outcome, kinds),
             {"kept_groups": n_kept_groups, "refill_draws": draws, "prm_accuracy": prm_accuracy, "prm_groups": prm_groups,
-             "localized": localized, "wrong": n_wrong, "process_abs": (process.abs() * b.train_mask).sum().item(),
+             "localized": localized, "wrong": n_wrong, "right_slipped": right_slipped, "right": n_right,
+             "process_abs": (process.abs() * b.train_mask).sum().item(),
              "process_tokens": b.train_mask.sum().item()},
             {k: v for k, v in mismatch.items() if k != "rho_max"}), d)
         if mismatch:

@@ -7,6 +7,7 @@ import torch
 
 import step_prm
 import toy_task
+import verify
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -88,6 +89,30 @@ def test_checker_steps_finds_the_first_wrong_line_of_a_chains_batch_and_no_check
         response_ids=torch.tensor([tok("7+5=13\n13*3=39")["input_ids"]]),
         response_mask=torch.ones(1, len(tok("7+5=13\n13*3=39")["input_ids"]), dtype=torch.long)), embedded=True)
     assert toy_first.tolist() == [0]
+
+
+def test_right_with_wrong_step_counts_right_answers_whose_slips_cancel():
+    """step_prm.right_with_wrong_step, train.py's right_with_wrong_step metric: by hand, then on the
+    chains checker's verdicts of real responses."""
+    assert step_prm.right_with_wrong_step(torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([-1, 2, 0, 0])) == (2, 3)
+    assert step_prm.right_with_wrong_step(torch.tensor([0.0, 0.5]), torch.tensor([1, 0])) == (0, 0)  # none right
+    assert step_prm.right_with_wrong_step(torch.tensor([]), torch.tensor([], dtype=torch.long)) == (0, 0)
+    tok = toy_task.build_tokenizer()
+    question = "What is 75 + 24 + 44?\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
+    responses = ["75+24=109\n109+44=143\n\\boxed{143}",  # 75 + 24 is 99: two slips of 10 cancel, 143 is right
+                 "75+24=99\n99+44=143\n\\boxed{143}",    # right on every line
+                 "75+24=99\n99+44=153\n\\boxed{153}"]    # a slip at line 1, a wrong answer
+    encoded = [tok(r)["input_ids"] + [tok.eos_token_id] for r in responses]
+    T = max(map(len, encoded))
+    ids, mask = torch.full((3, T), tok.pad_token_id), torch.zeros(3, T, dtype=torch.long)
+    for i, e in enumerate(encoded):
+        ids[i, :len(e)], mask[i, :len(e)] = torch.tensor(e), 1
+    ro = types.SimpleNamespace(response_ids=ids, response_mask=mask)
+    _, first_wrong = step_prm.checker_steps(tok, [question] * 3, responses, ro, embedded=False)
+    assert first_wrong.tolist() == [0, -1, 1]
+    outcome = torch.tensor([float(verify.math_reward(r, "143")) for r in responses])
+    assert outcome.tolist() == [1.0, 1.0, 0.0]
+    assert step_prm.right_with_wrong_step(outcome, first_wrong) == (1, 2)
 
 
 @pytest.mark.parametrize("local, first_only", [

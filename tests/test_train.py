@@ -87,6 +87,9 @@ def test_default_run_end_to_end(cache_dir, tmp_path):
     if episodes:
         assert (run / "episodes.png").stat().st_size > 1000  # the episode picture
     assert all(m["prm_localization"] is None or 0 <= m["prm_localization"] <= 1 for m in metrics)
+    # a kept group is a mixed one, so a step that kept one has right responses for the checker to read
+    assert all((m["right_with_wrong_step"] is not None) == (m["kept_groups"] > 0) for m in metrics)
+    assert all(m["right_with_wrong_step"] is None or 0 <= m["right_with_wrong_step"] <= 1 for m in metrics)
     assert "held-out accuracy (" in proc.stdout
     from transformers import AutoModelForCausalLM
     final = AutoModelForCausalLM.from_pretrained(run / "final")
