@@ -310,12 +310,19 @@ def grid_table(task: str, phase: str, study: dict) -> str:
     return "\n".join(lines)
 
 
-def prm_cell(runs: list[dict]) -> str:
-    """The PRM's pairwise accuracy over the last 10 steps of these runs, pooled: "n/a" without a PRM. A step
-    with no mixed group has none and is skipped, and then the cell says on how many steps the mean rests
-    (a collapsed run may have two such steps in its last ten, each from one group)."""
-    values = [a for run in runs for a in run["curves"]["prm_accuracy"][-10:] if a is not None]
-    steps = sum(len(run["curves"]["prm_accuracy"][-10:]) for run in runs)
+def logged(run: dict, key: str) -> bool:
+    """Did the run log this step metric at all (train.py before 7c69564 had no right_with_wrong_step)?"""
+    return any(v is not None for v in run["curves"].get(key, []))
+
+
+def prm_cell(runs: list[dict], key: str = "prm_accuracy") -> str:
+    """A step metric over the last 10 steps of these runs, pooled; by default the PRM's pairwise accuracy,
+    "n/a" without a PRM. A step with no value (no mixed group) is skipped, and then the cell says on how
+    many steps the mean rests (a collapsed run may have two such steps in its last ten, each from one
+    group). A run recorded before the metric was logged has none: the cell counts only the others."""
+    runs = [run for run in runs if logged(run, key)]
+    values = [a for run in runs for a in run["curves"][key][-10:] if a is not None]
+    steps = sum(len(run["curves"][key][-10:]) for run in runs)
     if not values:
         return "n/a"
     return f"{np.mean(values):.2f}" + ("" if len(values) == steps else f" ({len(values)} of {steps} steps)")
@@ -367,16 +374,18 @@ def verdicts(task: str, study: dict) -> dict:
 def seeds_table(task: str, study: dict) -> str:
     runs = seed_runs(task, study)
     lines = ["| arm | seeds | held-out greedy, start -> end | held-out sampled, start -> end | PRM pairwise, last 10 | "
-             "minutes of training (mean) | collapsed |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "right answers with a wrong step, last 10 | minutes of training (mean) | collapsed |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for arm in ("rloo", "prime"):
         r = list(runs[arm].values())
         if not r:
-            lines.append(f"| {LABELS[arm]} | 0 | | | | | |")
+            lines.append(f"| {LABELS[arm]} | 0 | | | | | | |")
             continue
         at = lambda key, i: np.mean([x["curves"][key][i] for x in r])  # noqa: E731
         lines.append(f"| {LABELS[arm]} | {len(r)} | {at('heldout_greedy', 0):.3f} -> {at('heldout_greedy', -1):.3f} | "
                      f"{at('heldout_sampled', 0):.3f} -> {at('heldout_sampled', -1):.3f} | "
-                     f"{prm_cell(r)} | "
+                     f"{prm_cell(r)} | {prm_cell(r, 'right_with_wrong_step')} "
+                     f"({sum(logged(x, 'right_with_wrong_step') for x in r)} seeds) | "
                      f"{np.mean([x['curves']['train_seconds'][-1] for x in r]) / 60:.1f} | "
                      f"{sum(map(collapsed, r))} of {len(r)} |")
     starts = {}

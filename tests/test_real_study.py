@@ -201,3 +201,23 @@ def test_code_version_names_the_commit_and_a_change_to_code_but_not_to_docs(tmp_
     assert real_study.code_version() == head
     (tmp_path / "verify.py").write_text("x = 2\n")
     assert real_study.code_version() == head + "+changes"
+
+
+def test_the_seeds_table_pools_right_answers_with_a_wrong_step_over_the_runs_that_logged_it():
+    # PRIME seed 1 logs [0.2, None, 0.4], seed 2 [0.1, 0.1, 0.1], seed 3 ran before train.py logged it
+    # (no key); outcome-only logged only None (no right response on any step). PRIME: (0.2 + 0.4 + 0.3) / 5
+    # values = 0.18 over 6 steps of 2 seeds; outcome-only: n/a, 0 seeds
+    study = {"runs": {}}
+    for phase, arm in (("lr", "rloo"), ("prm", "prime")):
+        for name, s in real_study.grid_runs("chains", phase, study):
+            study["runs"][name] = recorded(arm, 1, [0.1, 0.2, 0.3], setting=s)
+    for seed, values in ((1, [0.2, None, 0.4]), (2, [0.1, 0.1, 0.1]), (3, None)):
+        study["runs"][f"chains-prime-s{seed}"] = recorded("prime", seed, [0.2, 0.3])
+        study["runs"][f"chains-rloo-s{seed}"] = recorded("rloo", seed, [0.2, 0.3])
+        study["runs"][f"chains-rloo-s{seed}"]["curves"]["right_with_wrong_step"] = [None] * 3
+        if values:
+            study["runs"][f"chains-prime-s{seed}"]["curves"]["right_with_wrong_step"] = values
+    rows = {line.split(" | ")[0]: line for line in real_study.seeds_table("chains", study).splitlines()
+            if line.startswith("| ")}
+    assert "| 0.18 (5 of 6 steps) (2 seeds) |" in rows["| PRIME"]
+    assert "| n/a | n/a (0 seeds) |" in rows["| outcome-only"]
