@@ -403,12 +403,12 @@ def seeds_table(task: str, study: dict) -> str:
 
 def plot_task(task: str, study: dict, figures: Path) -> Path | None:
     """The seeds phase: held-out sampled accuracy against step and against training seconds (the
-    compute each arm spent), the training reward and PRIME's PRM pairwise accuracy; mean over seeds,
-    band min..max."""
+    compute each arm spent), the training reward, PRIME's PRM pairwise accuracy and the share of right
+    answers with a wrong step (over the runs that logged it); mean over seeds, band min..max."""
     runs = seed_runs(task, study)
     if not runs["rloo"] and not runs["prime"]:
         return None
-    fig, axes = plt.subplots(1, 4, figsize=(22, 4))
+    fig, axes = plt.subplots(1, 5, figsize=(27, 4))
     for i, arm in enumerate(("rloo", "prime")):
         r = list(runs[arm].values())
         if not r:
@@ -421,16 +421,18 @@ def plot_task(task: str, study: dict, figures: Path) -> Path | None:
         for x in r:  # against the seconds each run had spent when it was evaluated
             seconds = [0.0, *(x["curves"]["train_seconds"][s - 1] for s in x["curves"]["eval_step"][1:])]
             axes[1].plot(np.array(seconds) / 60, x["curves"]["heldout_sampled"], color=f"C{i}", alpha=0.6)
-        for ax, key in ((axes[2], "reward"), (axes[3], "prm_accuracy")):
-            values = np.array([[np.nan if v is None else v for v in x["curves"][key]] for x in r], dtype=float)
-            if np.isnan(values).all():
+        for ax, key in ((axes[2], "reward"), (axes[3], "prm_accuracy"), (axes[4], "right_with_wrong_step")):
+            values = np.array([[np.nan if v is None else v for v in x["curves"][key]] for x in r if logged(x, key)],
+                              dtype=float)
+            if not values.size:  # none logged it (no PRM; runs from before train.py logged it)
                 continue
             smooth = runlog.moving_average(values, 5)
             with np.errstate(all="ignore"):
                 ax.plot(np.arange(1, smooth.shape[1] + 1), np.nanmean(smooth, 0), **style)
     titles = ["held-out sampled accuracy (mean, band min..max)", "held-out sampled against minutes of training "
-              "(each seed)", "training reward (5-step moving average)", "PRM pairwise accuracy (5-step average)"]
-    for ax, title, xlabel in zip(axes, titles, ["RL step", "minutes (rollout + PRM + policy)", "RL step", "RL step"]):
+              "(each seed)", "training reward (5-step moving average)", "PRM pairwise accuracy (5-step average)",
+              "right answers with a wrong step (5-step average, runs that log it)"]
+    for ax, title, xlabel in zip(axes, titles, ["RL step", "minutes (rollout + PRM + policy)", *["RL step"] * 3]):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel(xlabel)
     axes[0].legend(fontsize=8)

@@ -221,3 +221,27 @@ def test_the_seeds_table_pools_right_answers_with_a_wrong_step_over_the_runs_tha
             if line.startswith("| ")}
     assert "| 0.18 (5 of 6 steps) (2 seeds) |" in rows["| PRIME"]
     assert "| n/a | n/a (0 seeds) |" in rows["| outcome-only"]
+
+
+def test_the_report_draws_each_tasks_seeds_from_study_json_alone(tmp_path, capsys):
+    """`reproduce.py real --report-only`: the tables and the seeds plot from a study.json, with a run that
+    logged right_with_wrong_step beside one recorded before train.py logged it; nothing before the seeds."""
+    study = {"runs": {}}
+    for phase, arm in (("lr", "rloo"), ("prm", "prime")):
+        for name, s in real_study.grid_runs("chains", phase, study):
+            study["runs"][name] = recorded(arm, 1, [0.1, 0.2, 0.3], setting=s)
+    runlog.write_json(tmp_path / "study.json", study)
+    real_study.report(["chains"], tmp_path)
+    assert not list(tmp_path.glob("study-*.png"))  # no seed run yet: no plot
+    for seed in (1, 2):
+        study["runs"][f"chains-prime-s{seed}"] = recorded("prime", seed, [0.2, 0.3], prm=[0.6, 0.7, 0.8])
+        study["runs"][f"chains-rloo-s{seed}"] = recorded("rloo", seed, [0.2, 0.25])
+    study["runs"]["chains-prime-s2"]["curves"]["right_with_wrong_step"] = [0.3, None, 0.1]
+    for seed in (1, 2):  # 3 steps (recorded's train_seconds), evaluated at the start and the end
+        for arm in ("prime", "rloo"):
+            study["runs"][f"chains-{arm}-s{seed}"]["curves"]["eval_step"] = [0, 3]
+    runlog.write_json(tmp_path / "study.json", study)
+    real_study.report(["chains"], tmp_path)
+    out = capsys.readouterr().out
+    assert "## 3. five seeds an arm" in out and "| PRIME | 2 |" in out and "0.20 (2 of 3 steps) (1 seeds)" in out
+    assert (tmp_path / "study-chains.png").stat().st_size > 10_000
