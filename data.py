@@ -331,7 +331,8 @@ def sums_rows(rows: int, digits: int, seed: int = 0) -> list[dict]:
 # Sums worked left to right, one line a step: the answer depends on every step, and each step can be
 # checked exactly, so a process signal has steps to tell apart (issue 53).
 _CHAIN_QUESTION = re.compile(r"What is (\d+(?: \+ \d+)+)\?")
-_CHAIN_LINE = re.compile(r"^\s*(?:\d+\.\s*)?(-?\d+)\s*\+\s*(-?\d+)\s*=\s*(-?\d+)\s*$")
+# "x + y = z", numbered ("2. ") or not, a sentence's full stop after z allowed ("43 + 45 = 88.")
+_CHAIN_LINE = re.compile(r"^\s*(?:\d+\.\s*)?(-?\d+)\s*\+\s*(-?\d+)\s*=\s*(-?\d+)\s*\.?\s*$")
 
 
 def is_chain_question(question: str) -> bool:

@@ -53,8 +53,10 @@ from reproduce import REPO, paired, paired_cells, run_arm, save_figure  # noqa: 
 TASKS = {  # the task file (data.py), its start, and what its responses need
     "chains": dict(data=["chains", "--terms", "5", "--digits", "2"], max_len=128,
                    sft=["chains", "--terms", "4", "--digits", "2", "--rows", "320", "--seed", "1", "--slip", "0.1"],
-                   sft_steps=60),
-    "sums2": dict(data=["sums", "--digits", "2"], max_len=96, sft=None, sft_steps=0),
+                   sft_steps=60, steps=True),
+    # one line an answer: the exact checker reads "a + b = c" but not the other layouts the policies find
+    # ("a + b equals c.", an unboxed "The answer is: c"), so right_with_wrong_step measures layout there
+    "sums2": dict(data=["sums", "--digits", "2"], max_len=96, sft=None, sft_steps=0, steps=False),
 }
 ROWS = 500            # questions per task file: 40 held out, 40 validation, the rest to train on
 HELD_OUT = 40
@@ -382,10 +384,11 @@ def seeds_table(task: str, study: dict) -> str:
             lines.append(f"| {LABELS[arm]} | 0 | | | | | | |")
             continue
         at = lambda key, i: np.mean([x["curves"][key][i] for x in r])  # noqa: E731
+        slipped = f"{prm_cell(r, 'right_with_wrong_step')} ({sum(logged(x, 'right_with_wrong_step') for x in r)} " \
+            "seeds)" if TASKS[task]["steps"] else "n/a (one line)"
         lines.append(f"| {LABELS[arm]} | {len(r)} | {at('heldout_greedy', 0):.3f} -> {at('heldout_greedy', -1):.3f} | "
                      f"{at('heldout_sampled', 0):.3f} -> {at('heldout_sampled', -1):.3f} | "
-                     f"{prm_cell(r)} | {prm_cell(r, 'right_with_wrong_step')} "
-                     f"({sum(logged(x, 'right_with_wrong_step') for x in r)} seeds) | "
+                     f"{prm_cell(r)} | {slipped} | "
                      f"{np.mean([x['curves']['train_seconds'][-1] for x in r]) / 60:.1f} | "
                      f"{sum(map(collapsed, r))} of {len(r)} |")
     starts = {}
@@ -421,7 +424,10 @@ def plot_task(task: str, study: dict, figures: Path) -> Path | None:
         for x in r:  # against the seconds each run had spent when it was evaluated
             seconds = [0.0, *(x["curves"]["train_seconds"][s - 1] for s in x["curves"]["eval_step"][1:])]
             axes[1].plot(np.array(seconds) / 60, x["curves"]["heldout_sampled"], color=f"C{i}", alpha=0.6)
-        for ax, key in ((axes[2], "reward"), (axes[3], "prm_accuracy"), (axes[4], "right_with_wrong_step")):
+        panels = [(axes[2], "reward"), (axes[3], "prm_accuracy")]
+        if TASKS[task]["steps"]:  # (on one-line answers it measures layout: TASKS)
+            panels.append((axes[4], "right_with_wrong_step"))
+        for ax, key in panels:
             values = np.array([[np.nan if v is None else v for v in x["curves"][key]] for x in r if logged(x, key)],
                               dtype=float)
             if not values.size:  # none logged it (no PRM; runs from before train.py logged it)

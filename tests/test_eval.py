@@ -220,6 +220,8 @@ def test_chain_task_file_its_worked_solutions_and_their_exact_checker(tmp_path):
     assert data.chain_steps(question, "7 + 5 = 12\n13 + 8 = 21") == [1.0, 0.0]  # not its running total
     assert data.chain_steps(question, "1. 7 + 5 = 12\nso\n2. 12 + 9 = 21\n21 + 1 = 22") == [1.0, 0.0, 0.0]
     assert data.chain_steps(question, "The answer is 20.") == []
+    assert data.chain_steps(question, "7 + 5 = 12.\n12 + 8 = 20 .") == [1.0, 1.0]  # a sentence's stop
+    assert data.chain_steps(question, "7 + 5 = 12.5\n7 + 5 = 12..") == []  # not a whole-number step
     with pytest.raises(ValueError, match="not a chain question"):
         data.chain_steps("What is 7?", "7 + 0 = 7")
     with pytest.raises(SystemExit, match="only 729 questions"):

@@ -60,6 +60,8 @@ def test_chain_checker_scores_every_line_of_a_chains_response():
                                                         [0.0, 1.0, 0.0, 1.0]]
     assert checker.separator == "\n"
     assert len(step_prm.step_texts(responses[3], checker.separator)) == 4  # one score per step the token map sees
+    # a two-digit sums answer as the policies write it, with a sentence's stop: a right step, not a line of words
+    assert checker.score(["What is 43 + 45?"] * 2, ["43 + 45 = 88.", "43 + 45 = 89."]) == [[1.0], [0.0]]
 
 
 def test_checker_steps_finds_the_first_wrong_line_of_a_chains_batch_and_no_checker_elsewhere():
