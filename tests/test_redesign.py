@@ -18,7 +18,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE_COMMIT = "8cf20fb"  # train.py as one 1490-line file, just before the redesign
-NEW_METRICS = {"refill_draws"}  # --filter-mode refill (issue 29): 0 here
+# --filter-mode refill (issue 29): 0 here; the share of right responses with a wrong step (7c69564)
+NEW_METRICS = {"refill_draws", "right_with_wrong_step"}
 # the whole batch's mean over every rank since issue 42, its sum taken in float64: equal to float32 round-off
 ROUNDED_METRICS = {"process_reward_abs_mean"}
 FLAGS = ["--steps", "2", "--seed", "3", "--prompts-per-step", "8", "--eval-problems", "8", "--eval-every", "1",
