@@ -321,14 +321,6 @@ def localization_sum(args: Args, b: Batch, signal, step_ids, first_wrong, d: Dis
                                       torch.where(wrong, first_wrong.to(d.device), -1))
 
 
-def right_with_wrong_step_sum(b: Batch, first_wrong, d: Dist) -> tuple[int, int]:
-    """(right training responses with a step an exact checker marks wrong, right training responses)."""
-    if first_wrong is None:
-        return 0, 0
-    train = torch.arange(len(b.outcome), device=d.device) < b.n_train
-    return step_prm.right_with_wrong_step(b.outcome[train], first_wrong.to(d.device)[train])
-
-
 def warmup_prm(args: Args, models: Models, sampler, train_tasks, d: Dist) -> list[float]:
     """--prm-warmup-steps: train the implicit PRM on the STARTING policy's rollouts before RL.
 
@@ -535,7 +527,8 @@ def main(argv=None):
             checked_steps, first_wrong = step_prm.checker_steps(tokenizer, b.questions, b.texts, b.ro,
                                                                 embedded=not args.data)  # an exact checker's verdict
             localized, n_wrong = localization_sum(args, b, signal, checked_steps, first_wrong, d)
-            right_slipped, n_right = right_with_wrong_step_sum(b, first_wrong, d)
+            right_slipped, n_right = step_prm.right_with_wrong_step(  # over the training rows
+                b.outcome[:b.n_train], None if first_wrong is None else first_wrong[:b.n_train])
 
         # 5. Advantages, Eq. 5 (line 9), with the whole batch's statistics over all ranks ------------
         process = process_rewards(args, signal, step_ids, b.train_mask, b.outcome, d)  # (B, R) per-token rewards

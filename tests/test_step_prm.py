@@ -64,6 +64,16 @@ def test_chain_checker_scores_every_line_of_a_chains_response():
     assert checker.score(["What is 43 + 45?"] * 2, ["43 + 45 = 88.", "43 + 45 = 89."]) == [[1.0], [0.0]]
 
 
+def padded_rollout(tok, responses: list[str]):
+    """The responses as a Rollout's right-padded response_ids and response_mask, each ending in EOS."""
+    encoded = [tok(r)["input_ids"] + [tok.eos_token_id] for r in responses]
+    T = max(map(len, encoded))
+    ids, mask = torch.full((len(encoded), T), tok.pad_token_id), torch.zeros(len(encoded), T, dtype=torch.long)
+    for i, e in enumerate(encoded):
+        ids[i, :len(e)], mask[i, :len(e)] = torch.tensor(e), 1
+    return types.SimpleNamespace(response_ids=ids, response_mask=mask)
+
+
 def test_checker_steps_finds_the_first_wrong_line_of_a_chains_batch_and_no_checker_elsewhere():
     """step_prm.checker_steps, what train.py's localisation and episodes read: on a chains batch each
     token's line (by hand, one token a character with the toy tokenizer) and the first line
@@ -73,12 +83,8 @@ def test_checker_steps_finds_the_first_wrong_line_of_a_chains_batch_and_no_check
     responses = ["7+5=13\n13+8=21\n\\boxed{21}",     # slips at line 0
                  "7+5=12\n12+8=20\n\\boxed{20}",     # right
                  "7+5=12\n12+8=21\n\\boxed{21}"]     # slips at line 1
-    encoded = [tok(r)["input_ids"] + [tok.eos_token_id] for r in responses]
-    T = max(map(len, encoded))
-    ids, mask = torch.full((3, T), tok.pad_token_id), torch.zeros(3, T, dtype=torch.long)
-    for i, e in enumerate(encoded):
-        ids[i, :len(e)], mask[i, :len(e)] = torch.tensor(e), 1
-    ro = types.SimpleNamespace(response_ids=ids, response_mask=mask)
+    ro = padded_rollout(tok, responses)
+    ids, mask = ro.response_ids, ro.response_mask
     step_ids, first_wrong = step_prm.checker_steps(tok, [question] * 3, responses, ro, embedded=False)
     assert first_wrong.tolist() == [0, -1, 1]
     # row 1 by hand: "7+5=12\n" is line 0 (7 tokens), "12+8=20\n" line 1 (8), "\\boxed{20}" line 2
@@ -99,17 +105,13 @@ def test_right_with_wrong_step_counts_right_answers_whose_slips_cancel():
     assert step_prm.right_with_wrong_step(torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([-1, 2, 0, 0])) == (2, 3)
     assert step_prm.right_with_wrong_step(torch.tensor([0.0, 0.5]), torch.tensor([1, 0])) == (0, 0)  # none right
     assert step_prm.right_with_wrong_step(torch.tensor([]), torch.tensor([], dtype=torch.long)) == (0, 0)
+    assert step_prm.right_with_wrong_step(torch.tensor([1.0]), None) == (0, 0)  # no checker for the questions
     tok = toy_task.build_tokenizer()
     question = "What is 75 + 24 + 44?\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
     responses = ["75+24=109\n109+44=143\n\\boxed{143}",  # 75 + 24 is 99: two slips of 10 cancel, 143 is right
                  "75+24=99\n99+44=143\n\\boxed{143}",    # right on every line
                  "75+24=99\n99+44=153\n\\boxed{153}"]    # a slip at line 1, a wrong answer
-    encoded = [tok(r)["input_ids"] + [tok.eos_token_id] for r in responses]
-    T = max(map(len, encoded))
-    ids, mask = torch.full((3, T), tok.pad_token_id), torch.zeros(3, T, dtype=torch.long)
-    for i, e in enumerate(encoded):
-        ids[i, :len(e)], mask[i, :len(e)] = torch.tensor(e), 1
-    ro = types.SimpleNamespace(response_ids=ids, response_mask=mask)
+    ro = padded_rollout(tok, responses)
     _, first_wrong = step_prm.checker_steps(tok, [question] * 3, responses, ro, embedded=False)
     assert first_wrong.tolist() == [0, -1, 1]
     outcome = torch.tensor([float(verify.math_reward(r, "143")) for r in responses])
