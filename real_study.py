@@ -308,7 +308,7 @@ def grid_table(task: str, phase: str, study: dict) -> str:
         mark = "yes" if chosen and all(chosen[k] == setting[k] for k in keys) else ""
         lines.append(f"| {head} | {', '.join(f'{a:.3f}' for a in c['heldout_sampled'])} | {score(run):.3f} | "
                      f"{c['heldout_greedy'][0]:.3f} -> {c['heldout_greedy'][-1]:.3f} | "
-                     f"{prm_cell([run])} | {c['train_seconds'][-1] / 60:.1f} | {mark} |")
+                     f"{last10_cell([run])} | {c['train_seconds'][-1] / 60:.1f} | {mark} |")
     return "\n".join(lines)
 
 
@@ -317,7 +317,7 @@ def logged(run: dict, key: str) -> bool:
     return any(v is not None for v in run["curves"].get(key, []))
 
 
-def prm_cell(runs: list[dict], key: str = "prm_accuracy") -> str:
+def last10_cell(runs: list[dict], key: str = "prm_accuracy") -> str:
     """A step metric over the last 10 steps of these runs, pooled; by default the PRM's pairwise accuracy,
     "n/a" without a PRM. A step with no value (no mixed group) is skipped, and then the cell says on how
     many steps the mean rests (a collapsed run may have two such steps in its last ten, each from one
@@ -384,11 +384,11 @@ def seeds_table(task: str, study: dict) -> str:
             lines.append(f"| {LABELS[arm]} | 0 | | | | | | |")
             continue
         at = lambda key, i: np.mean([x["curves"][key][i] for x in r])  # noqa: E731
-        slipped = f"{prm_cell(r, 'right_with_wrong_step')} ({sum(logged(x, 'right_with_wrong_step') for x in r)} " \
+        slipped = f"{last10_cell(r, 'right_with_wrong_step')} ({sum(logged(x, 'right_with_wrong_step') for x in r)} " \
             "seeds)" if TASKS[task]["steps"] else "n/a (one line)"
         lines.append(f"| {LABELS[arm]} | {len(r)} | {at('heldout_greedy', 0):.3f} -> {at('heldout_greedy', -1):.3f} | "
                      f"{at('heldout_sampled', 0):.3f} -> {at('heldout_sampled', -1):.3f} | "
-                     f"{prm_cell(r)} | {slipped} | "
+                     f"{last10_cell(r)} | {slipped} | "
                      f"{np.mean([x['curves']['train_seconds'][-1] for x in r]) / 60:.1f} | "
                      f"{sum(map(collapsed, r))} of {len(r)} |")
     starts = {}

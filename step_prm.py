@@ -313,6 +313,24 @@ def right_with_wrong_step(outcome: torch.Tensor, first_wrong: torch.Tensor | Non
     return int((right & (first_wrong.to(right.device) >= 0)).sum()), int(right.sum())
 
 
+def checker_diagnostics(signal, step_ids, first_wrong, outcome: torch.Tensor, n_train: int):
+    """train.py's two exact-checker diagnostics over a step's training rows (the first n_train):
+    (localized, wrong, right_slipped, right) = step_localization of the process signal over the
+    wrong responses, and right_with_wrong_step. step_ids and first_wrong come from checker_steps
+    (None where no checker knows the questions: all four are 0); signal (B, T) is the per-token
+    process reward, None for outcome-only (nothing to localise: the first two are 0)."""
+    if first_wrong is None:
+        return 0, 0, 0, 0
+    device = outcome.device
+    first_wrong = first_wrong[:n_train].to(device)
+    right_slipped, n_right = right_with_wrong_step(outcome[:n_train], first_wrong)
+    if signal is None:
+        return 0, 0, right_slipped, n_right
+    wrong_first = torch.where(outcome[:n_train] < 1, first_wrong, -1)  # right responses are not counted
+    localized, n_wrong = step_localization(signal[:n_train], step_ids[:n_train].to(device), wrong_first)
+    return localized, n_wrong, right_slipped, n_right
+
+
 def step_localization(token_reward: torch.Tensor, step_ids: torch.Tensor, first_wrong: torch.Tensor):
     """Does the process reward blame the right step? (hits, count) over the responses that have a
     first wrong step (first_wrong >= 0).

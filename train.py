@@ -311,16 +311,6 @@ def pairwise_accuracy_sum(sequence_score, outcome, n_train: int, args: Args) -> 
     return [acc.item() * int(mixed.sum()), int(mixed.sum())]
 
 
-def localization_sum(args: Args, b: Batch, signal, step_ids, first_wrong, d: Dist) -> tuple[float, int]:
-    """Does the process signal blame the first wrong step? (where an exact checker knows it)
-    (wrong responses whose most negative step is their first wrong one, wrong responses)."""
-    if first_wrong is None or args.process == "none":
-        return 0, 0
-    wrong = (b.outcome < 1) & (torch.arange(len(b.outcome), device=d.device) < b.n_train)
-    return step_prm.step_localization(signal, step_ids.to(d.device),
-                                      torch.where(wrong, first_wrong.to(d.device), -1))
-
-
 def warmup_prm(args: Args, models: Models, sampler, train_tasks, d: Dist) -> list[float]:
     """--prm-warmup-steps: train the implicit PRM on the STARTING policy's rollouts before RL.
 
@@ -526,9 +516,8 @@ def main(argv=None):
             signal, sequence_score, step_ids, prm_losses = process_signal(args, models, b, logp_old, logp_ref, d, step)
             checked_steps, first_wrong = step_prm.checker_steps(tokenizer, b.questions, b.texts, b.ro,
                                                                 embedded=not args.data)  # an exact checker's verdict
-            localized, n_wrong = localization_sum(args, b, signal, checked_steps, first_wrong, d)
-            right_slipped, n_right = step_prm.right_with_wrong_step(  # over the training rows
-                b.outcome[:b.n_train], None if first_wrong is None else first_wrong[:b.n_train])
+            localized, n_wrong, right_slipped, n_right = step_prm.checker_diagnostics(  # over the training rows
+                None if args.process == "none" else signal, checked_steps, first_wrong, b.outcome, b.n_train)
 
         # 5. Advantages, Eq. 5 (line 9), with the whole batch's statistics over all ranks ------------
         process = process_rewards(args, signal, step_ids, b.train_mask, b.outcome, d)  # (B, R) per-token rewards

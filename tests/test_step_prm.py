@@ -119,6 +119,24 @@ def test_right_with_wrong_step_counts_right_answers_whose_slips_cancel():
     assert step_prm.right_with_wrong_step(outcome, first_wrong) == (1, 2)
 
 
+def test_checker_diagnostics_count_the_training_rows_only():
+    """step_prm.checker_diagnostics, train.py's localized / wrong / right_slipped / right counts, by hand.
+    Rows: 0 wrong, first wrong step 1; 1 right through a wrong step 0; 2 right and clean; 3 wrong, first
+    wrong step 0; 4 a row past n_train (wrong, a wrong step 0) that no count may see."""
+    signal = torch.tensor([[0.2, -0.5, -0.1, 0.0],   # step sums [0.2, -0.6]: blames step 1 (hit)
+                           [-0.9, 0.1, 0.0, 0.0],
+                           [0.1, 0.1, 0.1, 0.1],
+                           [0.3, -0.1, -0.4, 0.0],   # step sums [0.3, -0.5]: blames step 1, first wrong 0 (miss)
+                           [-1.0, 0.0, 0.0, 0.0]])
+    step_ids = torch.tensor([[0, 1, 1, -1], [0, 0, 1, -1], [0, 1, -1, -1], [0, 1, 1, -1], [0, 1, -1, -1]])
+    first_wrong = torch.tensor([1, 0, -1, 0, 0])
+    outcome = torch.tensor([0.0, 1.0, 1.0, 0.0, 0.0])
+    assert step_prm.checker_diagnostics(signal, step_ids, first_wrong, outcome, 4) == (1, 2, 1, 2)
+    assert step_prm.checker_diagnostics(signal, step_ids, first_wrong, outcome, 5) == (2, 3, 1, 2)  # row 4: a hit
+    assert step_prm.checker_diagnostics(None, step_ids, first_wrong, outcome, 4) == (0, 0, 1, 2)  # outcome-only
+    assert step_prm.checker_diagnostics(signal, None, None, outcome, 4) == (0, 0, 0, 0)  # no checker
+
+
 @pytest.mark.parametrize("local, first_only", [
     ([1, 0, 1, 0, 1], [1, 0, 1, 1, 1]),   # two slips: only the first stays wrong
     ([0, 0, 0], [0, 1, 1]),               # every line wrong: the first one
