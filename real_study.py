@@ -384,8 +384,9 @@ def seeds_table(task: str, study: dict) -> str:
             lines.append(f"| {LABELS[arm]} | 0 | | | | | | |")
             continue
         at = lambda key, i: np.mean([x["curves"][key][i] for x in r])  # noqa: E731
-        slipped = f"{last10_cell(r, 'right_with_wrong_step')} ({sum(logged(x, 'right_with_wrong_step') for x in r)} " \
-            "seeds)" if TASKS[task]["steps"] else "n/a (one line)"
+        n_logged = sum(logged(x, "right_with_wrong_step") for x in r)
+        slipped = f"{last10_cell(r, 'right_with_wrong_step')} ({n_logged} seed{'' if n_logged == 1 else 's'})" \
+            if TASKS[task]["steps"] else "n/a (one line)"
         lines.append(f"| {LABELS[arm]} | {len(r)} | {at('heldout_greedy', 0):.3f} -> {at('heldout_greedy', -1):.3f} | "
                      f"{at('heldout_sampled', 0):.3f} -> {at('heldout_sampled', -1):.3f} | "
                      f"{last10_cell(r)} | {slipped} | "

@@ -243,5 +243,5 @@ def test_the_report_draws_each_tasks_seeds_from_study_json_alone(tmp_path, capsy
     runlog.write_json(tmp_path / "study.json", study)
     real_study.report(["chains"], tmp_path)
     out = capsys.readouterr().out
-    assert "## 3. five seeds an arm" in out and "| PRIME | 2 |" in out and "0.20 (2 of 3 steps) (1 seeds)" in out
+    assert "## 3. five seeds an arm" in out and "| PRIME | 2 |" in out and "0.20 (2 of 3 steps) (1 seed)" in out
     assert (tmp_path / "study-chains.png").stat().st_size > 10_000
