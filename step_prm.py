@@ -300,17 +300,14 @@ def checker_steps(tokenizer, questions: list[str], responses: list[str], ro, emb
     return step_ids, first_wrong_steps(scores, step_ids)
 
 
-def right_with_wrong_step(outcome: torch.Tensor, first_wrong: torch.Tensor | None) -> tuple[int, int]:
+def right_with_wrong_step(outcome: torch.Tensor, first_wrong: torch.Tensor) -> tuple[int, int]:
     """Right answers reached through a wrong step: (right responses the checker marks a step wrong in,
     right responses). An outcome reward pays for these as for clean ones, e.g. "75 + 24 = 109 /
     109 + 44 = 143": two slips of 10 that cancel. A process reward is meant to tell them apart.
-    Shapes: outcome (B,) in [0, 1] (right: 1), first_wrong (B,) int (-1: no wrong step).
-    first_wrong None (no checker for these questions: checker_steps) -> (0, 0).
+    Shapes: outcome (B,) in [0, 1] (right: 1), first_wrong (B,) int (-1: no wrong step), one device.
     Example: outcome [1, 1, 0, 1], first wrong [-1, 2, 0, 0] -> (2, 3)."""
-    if first_wrong is None:
-        return 0, 0
     right = outcome >= 1
-    return int((right & (first_wrong.to(right.device) >= 0)).sum()), int(right.sum())
+    return int((right & (first_wrong >= 0)).sum()), int(right.sum())
 
 
 def checker_diagnostics(signal, step_ids, first_wrong, outcome: torch.Tensor, n_train: int):

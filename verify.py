@@ -64,6 +64,8 @@ Design
    read the answer stripped of layout and of the stop that ends its sentence ("82 is the answer to
    82 + 89." was rewarded as 171 until issue 53's runs found it), and the sum rule reads math-verify's
    parse too (adds_plain_numbers), so no layout the parser reads past hides an addition.
+   Under the default grader a response with no box that denies the value read from it ("The answer is
+   not 108.", read as 108) scores 0 ("denied"; `denied`).
    On tests/math_equivalence_cases.py (373 labelled cases, 332 from public graders' test suites) the
    math-verify reading agrees with the label on 365 (97.9%), the official rule on 230 (61.7%, most
    misses are answers outside a box).
@@ -259,6 +261,27 @@ def adds_plain_numbers(parsed) -> bool:
 
     parsed = without_ones(parsed)
     return isinstance(parsed, Add) and all(plain(term) for term in parsed.args)
+
+
+# A response with no box is read where math-verify finds its answer, often its last number, whatever the
+# words around it say: "The answer is not 108." reads as 108, and so did "52 + 56 is not 108, so you
+# should add 5 to 108.", rewarded in issue 53's two-digit sums runs. A value the response denies is not
+# its answer (reason "denied"): the value written right after a negation ("not", "n't", "never", \neq,
+# ≠, !=), a few set words allowed between ("is not equal to 108", "can't be $108$"). Only without a box:
+# a box is the response's own choice of answer, and words before it may be a rejected first try.
+_DENIAL = re.compile(r"(?:\bnot\b|n't\b|\bnever\b|\\neq?(?![a-zA-Z])|≠|!=)"
+                     r"(?:\s+(?:be|equal|equals|to|the|a|answer|sum|result|value|total|exactly|simply|just|is)\b)*"
+                     r"[\s$]*", re.IGNORECASE)
+
+
+def denied(answer: str, response: str) -> bool:
+    """Whether the response denies the answer math-verify read from it: the answer's text stands right
+    after a negation (_DENIAL), as a whole number, not the start of a longer one. "The answer is not
+    108." denies 108; "It is 108, not 113." and "not 1080" do not."""
+    value = re.escape(answer.strip().strip("$").strip())
+    if not value:
+        return False
+    return any(re.match(rf"{value}(?![\d]|[.,]\d)", response[m.end():]) for m in _DENIAL.finditer(response))
 
 
 def not_an_answer(answer: str, gold: str, question: str, parsed=None) -> str:
@@ -596,6 +619,8 @@ def _math_verify_response(response: str, gold: str, question: str = "") -> tuple
         return 0.0, "no_answer"
     if refused := not_an_answer(answer_parsed[-1], gold, question, answer_parsed[0]):
         return 0.0, refused
+    if not _BOX_START.search(response) and denied(answer_parsed[-1], response):
+        return 0.0, "denied"
     gold_parsed = _parse_boxed(gold)
     if verify(gold_parsed, answer_parsed, timeout_seconds=None):
         return 1.0, "ok"

@@ -105,7 +105,6 @@ def test_right_with_wrong_step_counts_right_answers_whose_slips_cancel():
     assert step_prm.right_with_wrong_step(torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([-1, 2, 0, 0])) == (2, 3)
     assert step_prm.right_with_wrong_step(torch.tensor([0.0, 0.5]), torch.tensor([1, 0])) == (0, 0)  # none right
     assert step_prm.right_with_wrong_step(torch.tensor([]), torch.tensor([], dtype=torch.long)) == (0, 0)
-    assert step_prm.right_with_wrong_step(torch.tensor([1.0]), None) == (0, 0)  # no checker for the questions
     tok = toy_task.build_tokenizer()
     question = "What is 75 + 24 + 44?\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
     responses = ["75+24=109\n109+44=143\n\\boxed{143}",  # 75 + 24 is 99: two slips of 10 cancel, 143 is right

@@ -307,6 +307,41 @@ def test_the_sums_a_policy_learned_to_restate_score_zero(response, gold, questio
         assert (score.reward, score.reason) == (0.0, reason), (response, questions, score)
 
 
+# A value the response denies is not its answer. The first response is verbatim from issue 53's sums runs
+# (PRIME seed 4, rewarded: math-verify reads its last number). (response, gold, denied)
+DENIALS = [("52 + 56 is not 108, so you should add 5 to 108.", "108", True),
+           ("The answer is not 108.", "108", True),
+           ("It isn't 108", "108", True),
+           ("The sum can't be $108$.", "108", True),
+           ("52 + 56 is not equal to 108", "108", True),
+           ("52 + 56 \\neq 108", "108", True),
+           ("52 + 56 != 108", "108", True),
+           ("It is never 108.", "108", True),
+           # the denied value is another one, or only begins like the answer
+           ("The answer is 108, not 113.", "108", False),
+           ("It is not 107. 52 + 56 = 108", "108", False),
+           ("Not 1080: the answer is 108", "108", False),
+           ("It is not 108.5; it is 108", "108", False),
+           ("Nothing is left: 108", "108", False),
+           ("52 + 56 = 108", "108", False)]
+
+
+@pytest.mark.parametrize("response, gold, is_denied", DENIALS)
+def test_a_denied_value_is_no_answer(response, gold, is_denied):
+    score = verify.score_batch([response], [gold], ["math"])[0]
+    assert (score.reward, score.reason) == ((0.0, "denied") if is_denied else (1.0, "ok")), score
+    assert verify.denied(gold, response) == is_denied
+
+
+def test_a_box_is_the_answer_whatever_words_before_it_deny():
+    """Only a response without a box is read for denials: a box is its own choice, and a value denied on
+    the way may be the one it boxes after checking ("Is it not 108? Checking: \\boxed{108}")."""
+    responses = ["At first I thought it is not 108, but checking again: \\boxed{108}", "It is not 108. \\boxed{108}"]
+    for grader in verify.MATH_GRADERS:
+        scores = verify.score_batch(responses, ["108"] * 2, ["math"] * 2, math_grader=grader)
+        assert [s.reason for s in scores] == ["ok", "ok"], (grader, scores)
+
+
 @pytest.mark.parametrize("grader", verify.MATH_GRADERS)
 def test_no_stop_or_layout_after_a_sum_hides_it(grader):
     """Each sentence end after a restated sum, in a box and (math-verify) outside one, scores 0; so does
