@@ -281,7 +281,8 @@ def denied(answer: str, response: str) -> bool:
     value = re.escape(answer.strip().strip("$").strip())
     if not value:
         return False
-    return any(re.match(rf"{value}(?![\d]|[.,]\d)", response[m.end():]) for m in _DENIAL.finditer(response))
+    whole = re.compile(rf"{value}(?!\d|[.,]\d)")
+    return any(whole.match(response, m.end()) for m in _DENIAL.finditer(response))
 
 
 def not_an_answer(answer: str, gold: str, question: str, parsed=None) -> str:
