@@ -30,7 +30,7 @@ MATH_SUFFIX = "\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
 QA_SUFFIX = ("\n\nAnswer using only the context above. Write one reasoning step per line, then end "
              "with a line of the form: Final Answer: [Entity]")
 MATH_BENCHMARKS = ("math500", "gsm8k", "aime24", "amc23", "minerva", "olympiad")
-DATA_DIR = Path(__file__).resolve().parent.parent / "shared" / "data"  # ../shared/data, from any cwd
+DATA_DIR = Path(__file__).resolve().parent / "benchmarks"  # the shipped benchmark files, from any cwd
 TOY_PROBLEMS = 200          # toy_task.heldout_problems' default size, as in train.py
 
 
@@ -44,7 +44,7 @@ def read_rows(path: str | Path, flag: str = "--data") -> list[dict]:
     lists), or a pandas column-oriented .json (PRIME's MATH-500 copy). Errors name `flag` and the file."""
     p = Path(path)
     if not p.exists():
-        raise SystemExit(f"{flag} {path}: file not found" + (" (see SOURCES.md in the data folder)"
+        raise SystemExit(f"{flag} {path}: file not found" + (" (benchmarks/SOURCES.md lists the files)"
                                                              if flag == "--data-dir" else ""))
     if p.suffix == ".jsonl":
         rows = []
@@ -196,7 +196,7 @@ def within_length(tasks: list[Task], args, part: str) -> list[Task]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Benchmarks: files, question fields, gold answers (../shared/data/SOURCES.md)
+# Benchmarks: files, question fields, gold answers (benchmarks/SOURCES.md)
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -241,7 +241,7 @@ class Benchmark:
     path: str                     # file under --data-dir ("" = built in code: the toy task)
     question: str                 # field holding the problem text
     gold: Callable[[dict], str]   # row -> gold answer; a missing field raises KeyError
-    rows: int                     # rows in the file (SOURCES.md), checked by the tests
+    rows: int                     # rows in the file (benchmarks/SOURCES.md), checked by the tests
     max_new_tokens: int = 3072    # default generation cap: the paper's max response length
     templated: bool = True        # chat template + the paper's suffix; False = the raw problem text
 
@@ -280,7 +280,7 @@ def check_benchmark_names(text: str) -> list[str]:
 def load_benchmark(name: str, data_dir: str | Path, limit: int = 0) -> list[Item]:
     """The problems of one benchmark (the first `limit` if limit > 0), each with its gold answer.
 
-    load_benchmark("gsm8k", "../shared/data", 1)[0].gold -> "18"
+    load_benchmark("gsm8k", DATA_DIR, 1)[0].gold -> "18"
     A missing file, a missing field or an unreadable gold stops with a message naming the
     benchmark, the file, the row and the field.
     """
@@ -304,7 +304,7 @@ def load_benchmark(name: str, data_dir: str | Path, limit: int = 0) -> list[Item
             items.append(Item(index, str(row[bench.question]), bench.gold(row)))
         except KeyError as error:
             raise SystemExit(f"{where} has no field {error.args[0]!r} (fields: {sorted(row)}); "
-                             "see SOURCES.md for each benchmark's gold field") from None
+                             "benchmarks/SOURCES.md says where each benchmark's gold is") from None
         except ValueError as error:
             raise SystemExit(f"{where}: {error}") from None
     return items

@@ -8,8 +8,8 @@
     python eval.py --compare hf.json vllm.json                  # two evaluations, paired by problem
 
 What one evaluation does, per benchmark:
-    1. load the problems and gold answers from ../shared/data (each file names its gold differently,
-       see BENCHMARKS below and ../shared/data/SOURCES.md);
+    1. load the problems and gold answers from benchmarks/ in this repository (each file names its
+       gold differently: BENCHMARKS below, and benchmarks/SOURCES.md for where each file comes from);
     2. build prompts the way train.py builds them: the question plus the paper's suffix
        "Present the answer in LaTex format: \\boxed{Your answer}", through the model's chat template
        (plain text if the tokenizer has none); the toy benchmark uses the raw problem text;
@@ -556,7 +556,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--benchmarks", default="", help="comma-separated, from: " + ", ".join(BENCHMARKS)
                    + "; default: toy if the tokenizer has no chat template, else " + ",".join(MATH_BENCHMARKS))
     p.add_argument("--data-dir", default=str(DATA_DIR), help="folder holding the benchmark files "
-                   "(default: ../shared/data beside this repository)")
+                   "(default: benchmarks/ in this repository; benchmarks/SOURCES.md lists them)")
     p.add_argument("--n", type=int, default=None, help="responses per problem (default 16; 1 with --greedy)")
     p.add_argument("--greedy", action="store_true", help="greedy decoding, one response per problem (PRIME's tables)")
     p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (ignored with --greedy)")

@@ -6,7 +6,7 @@
     python bench/bench_verify.py --reasoning-chars 3000         # longer responses, closer to a real model's
 
 The batch is shaped like a training step (train.py, n_samples = 4): groups of 4 responses to one
-MATH-500 problem (../shared/data/math500/test.jsonl), each a short solution ending in `\\boxed{...}`;
+MATH-500 problem (benchmarks/math500/test.jsonl), each a short solution ending in `\\boxed{...}`;
 in each group two box the problem's gold answer (right) and two box another problem's gold (wrong).
 The pool is started and warmed up before timing, as it is after the first step of a training run.
 Then hostile items are scored one at a time and their latency printed: those a worker interrupts
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sandbox  # noqa: E402
 import verify  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 REASONING = ("Let $x$ be the unknown. Then $2x + 3 = 11$, so $x = 4$ and $x^2 = 16$; checking, "

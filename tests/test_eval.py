@@ -5,11 +5,13 @@ the toy SFT checkpoint on CPU, the run-comparison plot, and the error messages.
                                            # train.py runs take most of it
 
 No mocks: the real tiny model, the real rollout, the real verifier pool, the real data files in
-../shared/data and real train.py runs.
+benchmarks/ and real train.py runs.
 """
 
+import hashlib
 import json
 import math
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -27,7 +29,7 @@ import runlog  # noqa: E402
 import toy_task  # noqa: E402
 import verify  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = data.DATA_DIR  # benchmarks/ in this repository
 from conftest import SFT_STEPS
 
 
@@ -170,6 +172,35 @@ def test_every_gold_verifies_against_itself():
     assert {k: v for k, v in failures.items() if k not in KNOWN_FAILURES} == {}, \
         f"{len(failures)} golds do not verify: {list(failures.items())[:10]}"
     assert sum(key[0] == "gsm8k" for _, _, key in cases) > 1319  # the comma cases did run
+
+
+def test_every_shipped_benchmark_file_has_the_hash_and_row_count_its_sources_page_gives():
+    """benchmarks/SOURCES.md's table: each file byte-for-byte the upstream copy it names."""
+    table = re.findall(r"^\| `([^`]+)` \(`(\w+)`\) \| (\d+) \|.*\| `([0-9a-f]{64})` \|$",
+                       (DATA / "SOURCES.md").read_text(), re.MULTILINE)
+    assert {name for _, name, _, _ in table} == set(data.BENCHMARKS) - {"toy"}
+    for path, name, rows, sha in table:
+        assert data.BENCHMARKS[name].path == path and data.BENCHMARKS[name].rows == int(rows), name
+        assert hashlib.sha256((DATA / path).read_bytes()).hexdigest() == sha, f"{path} differs from its source"
+    shipped = sorted(str(p.relative_to(DATA)) for p in DATA.rglob("*") if p.is_file() and p.name != "SOURCES.md")
+    assert shipped == sorted(path for path, _, _, _ in table)  # nothing shipped that the page does not name
+
+
+def test_eval_runs_every_benchmark_from_the_repository_alone(sft, tmp_path):
+    """`python eval.py` as a user runs it, from another folder, with the default --data-dir: every
+    benchmark it names, two problems each (the toy model answers none of the math; the point is that
+    each file is found, read and scored)."""
+    names = ",".join(data.BENCHMARKS)
+    out = subprocess.run([sys.executable, str(REPO / "eval.py"), "--model", str(sft), "--benchmarks", names,
+                          "--greedy", "--limit", "2", "--max-new-tokens", "8", "--out", str(tmp_path / "r.json")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert list(report["benchmarks"]) == list(data.BENCHMARKS)
+    assert all(b["problems"] == 2 for b in report["benchmarks"].values())
+    assert report["settings"]["data_dir"] == str(DATA)
+    golds = [p["gold"] for p in report["benchmarks"]["gsm8k"]["per_problem"]]
+    assert golds == [item.gold for item in data.load_benchmark("gsm8k", DATA, 2)] == ["18", "3"]
 
 
 def test_sums_task_file_is_distinct_two_digit_questions_with_their_sums(tmp_path):

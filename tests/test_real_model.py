@@ -134,10 +134,7 @@ def test_vllm_samples_the_real_model_takes_its_pushed_weights_and_reports_the_mi
 def test_a_real_gsm8k_prompt_fits_the_real_defaults(smollm, tokenizer, tmp_path):
     """With --model and --data the lengths default to the paper's 1024 prompt tokens (not the toy's 64,
     which dropped 7472 of GSM8K's 7473 prompts): the shortest GSM8K test problems all fit."""
-    source = Path(__file__).resolve().parents[2] / "shared" / "data"
-    gsm8k = next(iter(source.rglob("gsm8k/test.jsonl")), None)
-    if gsm8k is None:
-        pytest.skip("../shared/data has no gsm8k/test.jsonl")
+    gsm8k = Path(__file__).resolve().parents[1] / "benchmarks" / "gsm8k" / "test.jsonl"
     rows = [json.loads(line) for line in gsm8k.read_text().splitlines()[:60]]
     data = tmp_path / "g.jsonl"
     data.write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"].split("####")[-1].strip()})

@@ -3,7 +3,7 @@
     python -m pytest tests/test_verify.py          # about a minute on an idle 2-core machine
 
 Everything runs through the real worker pool and the real sandbox: no mocks. The benchmark data is
-read from ../shared/data (see its SOURCES.md for each benchmark's gold field).
+read from benchmarks/ (its SOURCES.md says where each benchmark's gold is).
 """
 
 import json
@@ -23,7 +23,7 @@ import sandbox  # noqa: E402
 import verify  # noqa: E402
 from conftest import sandbox_dirs  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[1] / "benchmarks"  # shipped in this repository
 TIMEOUT = 2.0  # per-item limit for the hostile tests
 # An answer sympy never finishes comparing: not plain arithmetic (the "+ x"), so `verify.unevaluated` does
 # not refuse it first, and math-verify's verify() evaluates the power tower (its parse is quick). The
@@ -51,7 +51,7 @@ def warm_pool():
 
 
 # ---------------------------------------------------------------------------------------------------
-# Real data: gold answers per ../shared/data/SOURCES.md
+# Real data: gold answers per benchmarks/SOURCES.md
 # ---------------------------------------------------------------------------------------------------
 
 
