@@ -2,11 +2,11 @@
 
 PASS does not change GRPO's rollout, loss or reference regulariser: it only replaces the advantage
 fed to the clipped surrogate (clip 0.2; `prime.ppo_clip_loss`). The paper's text lost several
-equations in conversion; `../shared/specs/PASS.md` reconstructs them, and every part of this file
-that rests on that reconstruction or on one of its assumptions says so with "[A]" (assumption) or
-"[R]" (reconstructed from the surviving text and tables). "seed" = the version of the paper this
-project implements (`../shared/seeds/pass-paper.md`); "v1" = its earlier public version, offered
-as options where the two differ.
+equations in conversion; docs/pass.md reconstructs them in this project's words, and every part of
+this file that rests on that reconstruction or on one of its assumptions says so with "[A]"
+(assumption) or "[R]" (reconstructed from the surviving text and tables). "The paper" = the version
+this project implements (arXiv 2606.29296, current version); "v1" = its first public version (arXiv
+2606.29296v1), offered as options where the two differ.
 
 The algorithm (`pass_advantage`, default recipe "pass"):
 
@@ -26,8 +26,8 @@ The algorithm (`pass_advantage`, default recipe "pass"):
     6. Broadcast: every token of chunk j gets A[i,j]; tokens after the last
        kept endpoint (the "zero-filled tail") and padding get exactly 0.    -> broadcast
 
-The seed's Table 11 controls are the `recipe` flag (outcome_only, process_only, af_only, no_dl, no_cv,
-gr3); `PRESETS` holds the seed's math and QA settings and v1's.
+The paper's Table 11 controls are the `recipe` flag (outcome_only, process_only, af_only, no_dl, no_cv,
+gr3); `PRESETS` holds the paper's math and QA settings and v1's.
 
 Where the process signal comes from. PASS takes any token-level signal s (B, T):
 - PRIME's implicit PRM (this project's `prime.py`): s = beta * (log pi_phi(y_t) - log pi_ref(y_t))
@@ -38,8 +38,8 @@ Where the process signal comes from. PASS takes any token-level signal s (B, T):
   over V stands where PRIME's leave-one-out process baseline stood, the outcome enters as z_o
   (instead of its RLOO term), and CV + RTG + DL replace the token-level return. Everything else in
   PRIME (sampling, filtering, the PRM's online CE update, the PPO loss) is unchanged.
-- Teacher signals (seed QA): `opd_signal`, `gopd_signal` (teacher forcing on the student's tokens).
-- Step-level PRM scores (seed math: Qwen2.5-Math-PRM-7B, one score per blank-line step):
+- Teacher signals (paper QA): `opd_signal`, `gopd_signal` (teacher forcing on the student's tokens).
+- Step-level PRM scores (paper math: Qwen2.5-Math-PRM-7B, one score per blank-line step):
   `broadcast_step_scores` spreads them over each step's tokens; v1 also chunks by those steps
   (`chunking="steps"`, `step_ids`).
 All log-probs are those of the sampled token at each response position (logits shifted by one),
@@ -48,7 +48,7 @@ every model on the same token ids.
 Conventions shared with the rest of the project: tensors are (B, T) over RESPONSE tokens, right
 padded; `mask` is 1 on valid response tokens (EOS included), 0 on padding; the responses of one
 prompt share a group id (any integers, in any row order). The output is exactly 0 wherever mask is
-0, whatever the padded positions of the inputs hold. The seed's math run masks the process channel
+0, whatever the padded positions of the inputs hold. The paper's math run masks the process channel
 WITHOUT the terminal EOS; to reproduce it, pass that process mask here (the EOS then gets advantage
 0). Torch only, on whatever device the inputs are: no model, no I/O, no state.
 
@@ -67,18 +67,18 @@ COMPARES = ("consecutive", "anchor")
 CHUNKINGS = ("trace", "steps")
 RECIPES = ("pass", "outcome_only", "process_only", "af_only", "no_dl", "no_cv", "gr3")
 
-# Each preset lists only what the spec states for it; every other option keeps the function's
-# default, which is always the seed's choice. To change one value:
+# Each preset lists only what docs/pass.md states for it; every other option keeps the function's
+# default, which is always the paper's choice. To change one value:
 # `pass_advantage(..., **dict(PRESETS["qa"], normalizer="abs_max"))`.
 PRESETS = {
-    # Seed, main math comparison (Table 1). Appendix C's single-seed sweep finds k = 0.7 best
+    # Paper, main math comparison (Table 1). Appendix C's single-run sweep finds k = 0.7 best
     # (36.9 vs 35.7 average pass@1); the main runs use k = 1.
     "math": dict(gamma=1.0, eta=1e-8, k=1.0, normalizer="masked_norm"),
-    # Seed, multi-hop QA (Table 11): gamma = 1/W with W = w_p + w_o + w_f = 3.
+    # Paper, multi-hop QA (Table 11): gamma = 1/W with W = w_p + w_o + w_f = 3.
     "qa": dict(weights=(1.0, 1.0, 1.0), gamma=1.0 / 3.0, eta=0.005, k=0.7, normalizer="masked_norm"),
     # v1: group scope, anchor comparison (v1 Algorithm 2), the terminal endpoint L_i always kept,
     # and for step-PRM signals the PRM's own steps as chunks (pass step_ids). For a token-level
-    # signal use dict(PRESETS["v1"], chunking="trace"). The group trace is an [A]: the spec offers
+    # signal use dict(PRESETS["v1"], chunking="trace"). The group trace is an [A]: docs/pass.md offers
     # a per-group trace as an option without naming its source; v1 is the group-scoped version.
     "v1": dict(gamma=1.0, eta=1e-8, norm_scope="group", trace_scope="group", compare="anchor",
                terminal_endpoint=True, chunking="steps"),
@@ -86,12 +86,12 @@ PRESETS = {
 
 
 # ---------------------------------------------------------------------------------------------------
-# Process signals (seed Sec. 4.1 "Process signals"; Sec. 5.1 setup)
+# Process signals (paper Sec. 4.1 "Process signals"; Sec. 5.1 setup)
 # ---------------------------------------------------------------------------------------------------
 
 
 def opd_signal(logp_teacher: torch.Tensor, logp_student: torch.Tensor) -> torch.Tensor:
-    """On-policy distillation signal, seed Sec. 4.1 (Eq. 5):
+    """On-policy distillation signal, paper Sec. 4.1 (Eq. 5):
 
         s^OPD_{i,t} = l_teacher(x_{i,t} | h_{i,t}) - l_student(x_{i,t} | h_{i,t})
 
@@ -104,7 +104,7 @@ def opd_signal(logp_teacher: torch.Tensor, logp_student: torch.Tensor) -> torch.
 
 def gopd_signal(logp_teacher: torch.Tensor, logp_base: torch.Tensor, logp_student: torch.Tensor,
                 lam: float = 1.25) -> torch.Tensor:
-    """Generalised OPD signal, seed Eq. 6 (lost in conversion; the spec quotes v1 Eq. 5):
+    """Generalised OPD signal, paper Eq. 6 (lost in conversion; docs/pass.md quotes v1 Eq. 5):
 
         s^G-OPD_{i,t} = lambda (l_T - l_B) - (l_theta - l_B),   lambda = 1.25
 
@@ -120,7 +120,7 @@ def broadcast_step_scores(step_scores: torch.Tensor, step_ids: torch.Tensor,
                           mask: torch.Tensor) -> torch.Tensor:
     """Token-level signal from step-level PRM scores: s[i,t] = step_scores[i, step_ids[i,t]].
 
-    Seed Sec. 5.1: the PRM scores steps split at blank lines (positive-class probability at each
+    Paper Sec. 5.1: the PRM scores steps split at blank lines (positive-class probability at each
     step marker), "mapped back to actor-token segments". Shapes: step_scores (B, S) float,
     step_ids (B, T) int with the 0-based step of each token and -1 on tokens in no step, mask (B, T)
     -> (B, T), 0 on tokens in no step and on padding.
@@ -132,20 +132,20 @@ def broadcast_step_scores(step_scores: torch.Tensor, step_ids: torch.Tensor,
 
 
 # ---------------------------------------------------------------------------------------------------
-# Stage 1: Advantage Fusion (seed Sec. 3 "Normalization scope", Sec. 4.1)
+# Stage 1: Advantage Fusion (paper Sec. 3 "Normalization scope", Sec. 4.1)
 # ---------------------------------------------------------------------------------------------------
 
 
 def normalize_process(s: torch.Tensor, valid: torch.Tensor, scope_idx: torch.Tensor, n_scopes: int,
                       normalizer: str, eps: float, sum_over_ranks=None, max_over_ranks=None) -> torch.Tensor:
-    """Process channel z_p over the scope, seed Sec. 3 "Normalization scope":
+    """Process channel z_p over the scope, paper Sec. 3 "Normalization scope":
 
         V = {s_{i,t} : i in B, M_{i,t} = 1}
         Masked-Norm: z_p = (s - mean V) / (std V + eps)      Abs-Max: z_p = s / (max|V| + eps)
 
-    [R] The two operators' formulas are the spec's reconstruction (the seed names them only).
+    [R] The two operators' formulas are docs/pass.md's reconstruction (the paper names them only).
     [A] eps is added to the scale; std is unbiased (ddof 1); std := 0 when |V| <= 1.
-    V is the whole batch (seed) or each prompt group (v1): `scope_idx` (B,) maps each row to one of
+    V is the whole batch (paper) or each prompt group (v1): `scope_idx` (B,) maps each row to one of
     `n_scopes` sets. Shapes: s, valid (B, T) -> (B, T), 0 where not valid.
     A scope split over data-parallel ranks (the batch scope) passes `sum_over_ranks` and
     `max_over_ranks` (ddp.Dist.sum / .max): its count, sums and max are then the whole batch's.
@@ -168,14 +168,14 @@ def normalize_process(s: torch.Tensor, valid: torch.Tensor, scope_idx: torch.Ten
 
 
 def group_zscore(x: torch.Tensor, group_idx: torch.Tensor, n_groups: int, eps: float) -> torch.Tensor:
-    """Sequence-level channel standardised within its prompt group (seed Sec. 3: "z_{o,i} and
+    """Sequence-level channel standardised within its prompt group (paper Sec. 3: "z_{o,i} and
     z_{f,i} for their separately group-standardized values"):
 
         z_i = (r_i - mean_g r) / (std_g r + eps)
 
     [A] the same eps and ddof as Masked-Norm (so a group of one, or a constant group, gives 0).
     [A] every response of the group counts, also one whose token mask is all zero: these are
-    sequence-level rewards with their own (sequence-level) mask (seed Appendix B).
+    sequence-level rewards with their own (sequence-level) mask (paper Appendix B).
     Shapes: x (B,), group_idx (B,) in [0, n_groups) -> (B,).
     Example: r = [1, 0] in one group -> [0.707, -0.707] (std = 0.7071 with ddof 1).
     """
@@ -185,7 +185,7 @@ def group_zscore(x: torch.Tensor, group_idx: torch.Tensor, n_groups: int, eps: f
 
 def advantage_fusion(z_p: torch.Tensor, z_o: torch.Tensor, z_f: torch.Tensor, fmt: torch.Tensor,
                      valid: torch.Tensor, weights, W, gamma: float) -> torch.Tensor:
-    """Advantage Fusion with a format gate, seed Sec. 4.1, Eq. 4:
+    """Advantage Fusion with a format gate, paper Sec. 4.1, Eq. 4:
 
         a_{i,t} = gamma * { w_p z_p,i,t + w_o z_o,i + w_f z_f,i   if r_f,i > 0
                           { W z_f,i                                if r_f,i = 0
@@ -204,13 +204,13 @@ def advantage_fusion(z_p: torch.Tensor, z_o: torch.Tensor, z_f: torch.Tensor, fm
 
 
 # ---------------------------------------------------------------------------------------------------
-# Stage 2: Chunk-by-Value (seed Sec. 4.2; Appendix B "Masks and endpoints"; v1 Algorithm 2)
+# Stage 2: Chunk-by-Value (paper Sec. 4.2; Appendix B "Masks and endpoints"; v1 Algorithm 2)
 # ---------------------------------------------------------------------------------------------------
 
 
 def positional_trace(a: torch.Tensor, valid: torch.Tensor, trace_idx: torch.Tensor,
                      n_traces: int, sum_over_ranks=None) -> torch.Tensor:
-    """Positional mean trace of the fused scores, seed Sec. 4.2:
+    """Positional mean trace of the fused scores, paper Sec. 4.2:
 
         u_t = sum_{i in B} M_{i,t} a_{i,t} / max(1, sum_{i in B} M_{i,t}),   t0 <= t <= t1
 
@@ -218,7 +218,7 @@ def positional_trace(a: torch.Tensor, valid: torch.Tensor, trace_idx: torch.Tens
     mean once it ends; an all-zero-mask row adds no value and no count (Appendix B).
     [A] t0 = 0 and t1 = T - 1: every row of a (B, T) tensor stores T positions, and the interval
     is "the last position covered by any response's stored span" (an all-zero row still counts).
-    One trace over the batch (seed) or one per prompt group (option): `trace_idx` (B,) maps rows to
+    One trace over the batch (paper) or one per prompt group (option): `trace_idx` (B,) maps rows to
     `n_traces` traces. Shapes: a, valid (B, T) -> u (n_traces, T).
     A trace over a batch split across data-parallel ranks passes `sum_over_ranks` (ddp.Dist.sum):
     the trace is then the whole batch's, as wide as the widest rank's T (so u may be wider than a).
@@ -231,11 +231,11 @@ def positional_trace(a: torch.Tensor, valid: torch.Tensor, trace_idx: torch.Tens
 
 
 def trace_endpoints(u: torch.Tensor, eta: float, compare: str) -> torch.Tensor:
-    """Shared chunk endpoints from the trace, seed Sec. 4.2 ([R], equation lost in conversion):
+    """Shared chunk endpoints from the trace, paper Sec. 4.2 ([R], equation lost in conversion):
 
         E = { t in [t0, t1] : t = t1  or  |u_{t+1} - u_t| > eta }
 
-    compare="consecutive" (seed, [A]): the prose says CV "uses changes in the fused score trace".
+    compare="consecutive" (paper, [A]): the prose says CV "uses changes in the fused score trace".
     compare="anchor" (v1 Algorithm 2): compare u_{t+1} with u at the FIRST token of the current
     chunk, so a slow drift eventually closes a chunk; a scan over positions (vectorised over traces).
     Shapes: u (R, T) -> (R, T) bool.
@@ -274,12 +274,12 @@ def last_valid_token(valid: torch.Tensor) -> torch.Tensor:
 
 
 def chunk_values(a: torch.Tensor, ends: torch.Tensor):
-    """Chunk values at the response's own endpoints, seed Sec. 4.2 and Appendix B:
+    """Chunk values at the response's own endpoints, paper Sec. 4.2 and Appendix B:
 
         E_i = {b in E : M_{i,b} = 1} = {b_{i,1} < ... < b_{i,K_i}},   b_{i,0} = t0 - 1
         v_{i,j} = a_{i, b_{i,j}}      (the fused score AT the endpoint, not the chunk's mean or sum)
 
-    [R] the value rule is the spec's reading of the seed's "accumulates endpoint scores".
+    [R] the value rule is docs/pass.md's reading of the paper's "accumulates endpoint scores".
     Returns v (B, T + 1) with v[i, j-1] = v_{i,j} and zeros from K_i on, K (B,), and chunk_id (B, T):
     the 0-based chunk j - 1 of each token b_{i,j-1} < t <= b_{i,j}, equal to K_i on the tokens after
     the last endpoint (the zero-filled tail). Shapes: a, ends (B, T) with ends already restricted to
@@ -294,18 +294,18 @@ def chunk_values(a: torch.Tensor, ends: torch.Tensor):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Stage 3: return-to-go and Divide-Length (seed Sec. 3 "Alternative estimators", Sec. 4.3)
+# Stage 3: return-to-go and Divide-Length (paper Sec. 3 "Alternative estimators", Sec. 4.3)
 # ---------------------------------------------------------------------------------------------------
 
 
 def rtg_divide_length(v: torch.Tensor, K: torch.Tensor, k: float) -> torch.Tensor:
-    """Chunk return-to-go divided by a power of the remaining CHUNK count, seed Sec. 4.3:
+    """Chunk return-to-go divided by a power of the remaining CHUNK count, paper Sec. 4.3:
 
         R_{i,j} = sum_{l=j}^{K_i} v_{i,l}          A^DL_{i,j} = R_{i,j} / (K_i - j + 1)^k
 
     K_i - j + 1 counts the chunks from j to the end, never tokens. k = 1 averages the remaining chunk
     values; k = 0 is the plain chunk return-to-go (the "without DL" control); 0 < k < 1 keeps some
-    dependence on the horizon (seed Appendix A, S = R / K^k).
+    dependence on the horizon (paper Appendix A, S = R / K^k).
     Shapes: v (B, C) with zeros from column K_i on, K (B,) -> (B, C), 0 from column K_i on.
     Example: v = [1, 2, 4], k = 1 -> [7/3, 3, 4]; k = 0 -> [7, 6, 4].
     """
@@ -317,12 +317,12 @@ def rtg_divide_length(v: torch.Tensor, K: torch.Tensor, k: float) -> torch.Tenso
 
 
 # ---------------------------------------------------------------------------------------------------
-# Stage 4: broadcast back to tokens (seed Sec. 4.2)
+# Stage 4: broadcast back to tokens (paper Sec. 4.2)
 # ---------------------------------------------------------------------------------------------------
 
 
 def broadcast(A: torch.Tensor, chunk_id: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Chunk advantages to tokens, seed Sec. 4.2:
+    """Chunk advantages to tokens, paper Sec. 4.2:
 
         Broadcast(v_i)_t = v_{i,j},   b_{i,j-1} < t <= b_{i,j},   b_{i,0} = t0 - 1
 
@@ -334,13 +334,13 @@ def broadcast(A: torch.Tensor, chunk_id: torch.Tensor, valid: torch.Tensor) -> t
 
 
 # ---------------------------------------------------------------------------------------------------
-# Controls (seed Table 11)
+# Controls (paper Table 11)
 # ---------------------------------------------------------------------------------------------------
 
 
 def gr3_length_factor(valid: torch.Tensor, group_idx: torch.Tensor, n_groups: int, alpha: float,
                       eps: float) -> torch.Tensor:
-    """GR3-style factor, seed Appendix "GR3-style length rescaling" (after Li et al. 2026b):
+    """GR3-style factor, paper Appendix "GR3-style length rescaling" (after Li et al. 2026b):
 
         q_i = 1 / (1 + alpha L_i / (mean_g L + eps)),   alpha = 0.33
 
@@ -379,13 +379,13 @@ def pass_advantage(process_signal: torch.Tensor, mask: torch.Tensor, outcome: to
                    trace_scope: str = "batch", terminal_endpoint: bool = False,
                    chunking: str = "trace", step_ids=None, sum_over_ranks=None,
                    max_over_ranks=None) -> torch.Tensor:
-    """PASS token advantages (seed Sec. 4, Figure 1): AF -> CV -> RTG + DL -> broadcast.
+    """PASS token advantages (paper Sec. 4, Figure 1): AF -> CV -> RTG + DL -> broadcast.
 
     Inputs: process_signal s (B, T) float; mask (B, T), 1 on valid response tokens; outcome r_o and
     fmt r_f (B,) sequence rewards (fmt > 0 passes the format gate); group_ids (B,) ints, equal for
     the responses of one prompt. Output: (B, T) advantages in s's float dtype, exactly 0 on padding.
 
-    Options (defaults = the seed's choices; v1's in brackets):
+    Options (defaults = the paper's choices; v1's in brackets):
       weights (w_p, w_o, w_f), W (None: w_p + w_o + w_f), gamma: the AF weights, Eq. 4.
       normalizer "masked_norm" | "abs_max", eps: the process normaliser; eps also in z_o, z_f, gr3.
       norm_scope "batch" ["group"]: V, the set the process channel is normalised over.
@@ -394,7 +394,7 @@ def pass_advantage(process_signal: torch.Tensor, mask: torch.Tensor, outcome: to
       terminal_endpoint False [True]: also end a chunk at each response's last valid token.
       chunking "trace" ["steps", with step_ids (B, T) int, for step-PRM signals]: where chunks come from.
       k: the DL exponent.
-      recipe, the seed's Table 11 controls:
+      recipe, the paper's Table 11 controls:
         "pass"          full pipeline.
         "outcome_only"  A = a with w_p = 0 (W = w_o + w_f = 2 unless W is given); no CV/RTG/DL.
         "process_only"  A = z_p (no outcome, format, weights or gamma).

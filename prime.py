@@ -18,8 +18,10 @@ Conventions, used by every function:
 - The K = `n_samples` responses of one prompt are contiguous rows: rows [g*K, (g+1)*K) are group g.
 - `outcome` is (B,) in [0, 1]: 0/1 for math, the fraction of tests passed for code.
 
-Where the official code (PRIME-RL/PRIME `training/`, and veRL's PRIME recipe) differs from the paper,
-the function offers both and its docstring says which is which; see ../shared/specs/PRIME.md.
+Where the official code differs from the paper, the function offers both and its docstring says which
+is which. "The official code" is the PRIME team's trainer, github.com/PRIME-RL/PRIME, folder `training/`
+(an early-2025 fork of veRL: `verl/trainer/ppo/ray_trainer.py` for the loop and the advantages,
+`verl/workers/` for the PRM), and veRL's own PRIME recipe (github.com/volcengine/verl, `recipe/prime/`).
 Torch only: no model, no I/O.
 """
 
@@ -323,7 +325,7 @@ def grpo_advantage(process_reward, outcome: torch.Tensor, mask: torch.Tensor, n_
     Outcome part (GRPO's outcome supervision), the same at every token of response i
     (outcome_gamma = 1; else gamma_o^(|y^i|-t) A_o^i, discounted back from the last token):
         A_o^i = (r_o^i - mean_g r_o) / (std_g r_o + eps)
-    Process part, DERIVED here (the seed's Appendix B.3 Eq. 7-8 lost its formula): the paper states
+    Process part, DERIVED here (the paper's Appendix B.3 Eq. 7-8 lost its formula in conversion): the paper states
     that GRPO's process baseline uses the mean and standard deviation of the group's response-averaged
     process rewards m_j, so each token reward is standardised by those group statistics and summed
     into a return, as in GRPO's process supervision:
@@ -356,7 +358,7 @@ def reinforce_advantage(process_reward, outcome: torch.Tensor, mask: torch.Tenso
 
     No baseline: the advantage is the return of the combined reward,
         A^i_t = gamma_o^(|y^i|-t) r_o(y^i) + sum_{s >= t} gamma^(s-t) r_phi(y^i_s)
-    DERIVED (the seed's Appendix B.3 lost the formula): Eq. 5 with its leave-one-out baselines
+    DERIVED (the paper's Appendix B.3 gives no formula for it): Eq. 5 with its leave-one-out baselines
     removed. Variance reduction then comes only from the global `whiten` applied by train.py, as
     in veRL's REINFORCE++. (B, T) -> (B, T), 0 on padding.
     """
@@ -375,7 +377,7 @@ def prm_value_advantage(process_reward: torch.Tensor, outcome: torch.Tensor, mas
     Yuan et al.'s implicit PRM gives the Q-value of a prefix in closed form,
         q_t = sum_{i <= t} r_phi(y_i),
     so the value of the state before token t is V(y_<t) = q_{t-1} (V = 0 before the first token).
-    Used as the baseline of the outcome return, with GAE lambda = 1 (DERIVED: the seed gives no
+    Used as the baseline of the outcome return, with GAE lambda = 1 (DERIVED: the paper gives no
     formula; this is the Monte-Carlo advantage of a critic, as PPO with lambda = 1 computes it):
         A_t = gamma_o^(L-1-t) r_o - V(y_<t)
     `process_reward` is the raw r_phi (beta-scaled, not normalised): its sum is the PRM's estimate

@@ -244,7 +244,7 @@ def process_signal(args: Args, models: Models, b: Batch, logp_old, logp_ref, d: 
     sequence score (B,) for the pairwise-accuracy diagnostic, step ids (B, R) or None, PRM losses).
 
         implicit  log pi_phi(y_t) - log pi_ref(y_t)                     (Eq. 3 without beta)
-        opd       log pi_teacher(y_t) - log pi_student(y_t)             (PASS seed Eq. 5)
+        opd       log pi_teacher(y_t) - log pi_student(y_t)             (PASS Eq. 5)
         gopd      lambda (l_T - l_B) - (l_student - l_B), B = the starting policy   (PASS v1 Eq. 5)
         step      each step's score broadcast over its tokens           (step_prm.py)
         none      zeros (outcome-only baselines)

@@ -124,7 +124,8 @@ Design
    tests/test_sandbox.py holds the attacks, one per class.
 6. Linux only: resource limits, prctl and /proc.
 
-Where we differ from the official PRIME math grader (../shared/specs/PRIME.md)
+Where we differ from the official PRIME math grader (the PRIME team's, as veRL ships it: github.com/volcengine/verl,
+`verl/utils/reward_score/prime_math/`)
 1. Equivalence by math-verify instead of the official chain (normalised string match, sympy
    simplify of the difference, numeric check at 1e-4 relative tolerance with percentage variants).
    math-verify rounds numbers to 6 decimals: 3.1416 != \\pi and 0.33333 != 1/3 here, while the

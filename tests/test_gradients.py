@@ -453,7 +453,7 @@ def test_pass_advantage_gradient_matches_the_plain_loop_version(dtype, recipe, n
         return P.pass_advantage(x, mask_t, torch.tensor(outcome, dtype=dtype), torch.tensor(fmt, dtype=dtype),
                                 torch.tensor(gids), **kwargs)
 
-    def plain(x):  # the spec's loops, fed 0-d tensors so autograd follows them
+    def plain(x):  # docs/pass.md's loops, fed 0-d tensors so autograd follows them
         rows = [[x[i, t] for t in range(x.shape[1])] for i in range(x.shape[0])]
         return stack(reference_pass(rows, mask, outcome, fmt, gids, **kwargs), dtype)
 

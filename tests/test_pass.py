@@ -1,6 +1,6 @@
-"""pass_advantage.py against values worked out independently: the spec's worked example, numbers by
+"""pass_advantage.py against values worked out independently: docs/pass.md's worked example, numbers by
 hand (Python's `statistics`, never the module's own helpers), and a plain-loop version of the whole
-algorithm written from the spec's text (../shared/specs/PASS.md)."""
+algorithm written from docs/pass.md's text."""
 
 import importlib.util
 import math
@@ -21,7 +21,7 @@ def assert_close(actual, expected, atol=1e-9):
     torch.testing.assert_close(as64(actual), as64(expected), atol=atol, rtol=0)
 
 
-# --------------------------------------------------------------------------- the spec's worked example
+# ---------------------------------------------------------------------- docs/pass.md's worked example
 
 S = [[.25, -.25, -1., -.5, -1., -1.], [-.25, .25, -.5, -1., 0, 0],
      [.5, .5, 0., 0., 0, 0], [-.5, -.5, -.5, 0, 0, 0]]
@@ -30,7 +30,7 @@ R_OUT = [1, 0, 1, 0]
 R_FMT = [1, 0, 1, 1]
 GID = [0, 0, 1, 1]
 
-# Printed in the spec (4 decimals), "checked against an independent implementation".
+# Printed in docs/pass.md (4 decimals), checked there against an independent implementation.
 EXPECTED = {
     "math": [[1.0705, 0.7055, 0.4216, 0.5838, 0.0972, 0.0972],
              [-2.121, -2.121, -2.121, -2.121, 0., 0.],
@@ -72,7 +72,7 @@ def hand_fused(gamma=1.0, w=(1.0, 1.0, 1.0), W=3.0):
 
 
 @pytest.mark.parametrize("setting", sorted(EXPECTED))
-def test_worked_example_reproduces_the_spec(setting):
+def test_worked_example_reproduces_the_docs(setting):
     for dtype in (torch.float64, torch.float32):
         out = pass_advantage(*example(dtype), **SETTINGS[setting])
         assert out.dtype == dtype
@@ -103,7 +103,7 @@ def test_padding_and_the_zero_filled_tail_are_exactly_zero():
             out = pass_advantage(garbage, mask, outcome, fmt, gid, recipe=recipe, **PRESETS[preset])
             assert torch.all(out[mask == 0] == 0), (recipe, preset)
             assert torch.isfinite(out).all()
-    # the spec: with eta = 0.005 rows 1 and 2 end in a zero tail from position 3 (a VALID token)
+    # docs/pass.md: with eta = 0.005 rows 1 and 2 end in a zero tail from position 3 (a VALID token)
     out = pass_advantage(s, mask, outcome, fmt, gid, **PRESETS["qa"])
     assert out[1, 3] == 0 and out[2, 3] == 0
     assert out[0, 3] != 0  # row 0's last chunk spans 3..5, so 3 is not in a tail there
@@ -264,7 +264,7 @@ def reference_pass(s, mask, outcome, fmt, gids, *, weights=(1.0, 1.0, 1.0), W=No
                    k=1.0, normalizer="masked_norm", eps=1e-4, norm_scope="batch", compare="consecutive",
                    recipe="pass", alpha=0.33, trace_scope="batch", terminal_endpoint=False,
                    chunking="trace", step_ids=None):
-    """PASS written from the spec's text with per-response, per-token Python loops on lists."""
+    """PASS written from docs/pass.md's text with per-response, per-token Python loops on lists."""
     B, T = len(s), len(s[0])
     members = {}
     for i, g in enumerate(gids):
