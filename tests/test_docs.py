@@ -40,3 +40,38 @@ def test_every_relative_link_and_image_resolves(page):
             broken.append(f"{target}: {file.name} has no heading with that anchor")
     assert not broken, broken
     assert len(PAGES) >= 8  # the front page and one page per topic
+
+
+# A clone stands alone: no file of the repository reads or cites a path beside it. The patterns are
+# built from pieces so that this file does not match itself.
+SHARED = "shar" + "ed"
+OUTSIDE = re.compile("|".join([re.escape("../" + SHARED), rf"\b{SHARED}/(?:specs|seeds|data)\b",
+                               re.escape("parents[" + "2]"), re.escape("parent." * 2 + "parent"),
+                               re.escape(f'parent.parent / "{SHARED}"')]))
+SKIPPED = {".git", ".venv", "runs", ".cache", "__pycache__", ".pytest_cache", "mutants", "checkpoints"}
+TEXT = {".py", ".md", ".txt", ".cfg", ".sh", ".toml", ".ini", ""}
+
+
+def repository_text_files() -> list[Path]:
+    files = []
+    for path in sorted(REPO.rglob("*")):
+        parts = path.relative_to(REPO).parts
+        if path.is_file() and not SKIPPED & set(parts) and path.suffix in TEXT and "figures" not in parts:
+            files.append(path)
+    return files
+
+
+def test_no_file_reads_or_cites_a_path_beside_the_repository():
+    found = [f"{path.relative_to(REPO)}:{n}: {line.strip()[:120]}" for path in repository_text_files()
+             for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if OUTSIDE.search(line)]
+    assert not found, "\n".join(found)
+    assert REPO / ".ci" / "run" in repository_text_files() and REPO / "data.py" in repository_text_files()
+
+
+def test_the_outside_pattern_by_hand():
+    for line in [f"see ../{SHARED}/data/SOURCES.md", "DATA = Path(__file__).parents[" + "2] / 'x'",
+                 f"read {SHARED}/specs/PASS.md", "REPO." + "parent." * 2 + "parent"]:
+        assert OUTSIDE.search(line), line
+    for line in ["the statistics shared by every study", "Path(__file__).resolve().parents[1]",
+                 "REPO = Path(__file__).resolve().parent.parent  # tests/ -> the repository"]:
+        assert not OUTSIDE.search(line), line
