@@ -19,7 +19,9 @@ Conversions, applied to every case of a source alike:
 - Qwen2.5-Math (github.com/QwenLM/Qwen2.5-Math, evaluation/grader.py, TestMathEquality.test_math_equal):
   the labelled math_equal cases, the first argument boxed as the response (its signature is
   math_equal(prediction, reference)).
-- This project (tests/test_verify.py EQUIVALENT and NEAR_MISSES before this set existed): boxed answers.
+- This project (tests/test_verify.py EQUIVALENT and NEAR_MISSES before this set existed): boxed answers;
+  and issue 67's kinds (multiple choice, inequalities, labelled parts, undone computation, hedges,
+  denials, percent), written as models write, half right and half wrong.
 A case that repeats an earlier one (same gold, same response) is kept once.
 """
 
@@ -425,3 +427,91 @@ CASES = [
     ('-2, 3', 'First we count $\\boxed{3}$ cases for the first digit. Solving the equation gives $x = \\boxed{-2}$.', 0),
     ('-2, 3', '$x = \\boxed{-2}$ and $x = \\boxed{3}$', 1),
 ]
+
+# This project (issue 67): answers as models write them that a careful grader accepts or refuses, of
+# seven kinds; half right, half wrong. tests/test_verify.py also scores them under the official grader.
+CAREFUL = [
+    # Multiple choice: a gold that is one option letter is answered by the letter, in a box that starts
+    # with the option's label or, with no box, in the last "option D" / "answer is (D)"; a wrong letter
+    # beside the right value is wrong.
+    ('D', 'Adding the lengths gives $7$, so the answer is $\\boxed{\\textbf{(D)}\\ 7}$.', 1),
+    ('\\text{(D)}', 'Adding up gives 7, which is option D. The correct option is D.', 1),
+    ('C', 'The area is $12$, which matches choice (C).', 1),
+    ('\\text{(B)}', 'Only the second one works, so $\\boxed{\\text{(B)}}$.', 1),
+    ('E', 'Therefore the answer is $\\boxed{(E)\\ 36}$.', 1),
+    ('A', 'So the answer is (A).', 1),
+    ('(C)', '$\\boxed{\\mathrm{(C)}}$', 1),
+    ('B', 'The correct answer is \\textbf{(B)}.', 1),
+    ('D', 'Adding the lengths gives $7$, so the answer is $\\boxed{\\textbf{(C)}\\ 7}$.', 0),
+    ('\\text{(D)}', 'Adding up gives 7, which is option C. The correct option is C.', 0),
+    ('A', 'So the answer is (B).', 0),
+    ('E', 'Therefore the answer is $\\boxed{(D)\\ 36}$.', 0),
+    ('B', 'The value is 12, so I pick option A.', 0),
+    ('C', '$\\boxed{\\textbf{(E)}}$', 0),
+    # Inequalities for intervals and sets: a relation in one variable answers by the set it describes.
+    ('[5, \\infty)', 'Solving, we need $x \\ge 5$, so the solution set is $\\boxed{x \\ge 5}$.', 1),
+    ('(-3, 4)', 'Hence the inequality holds for $\\boxed{-3 < x < 4}$.', 1),
+    ('(-\\infty, 2) \\cup (2, \\infty)', 'The domain is every real number but 2: $\\boxed{x \\neq 2}$.', 1),
+    ('(-\\infty,-2)\\cup(2,\\infty)', 'So $\\boxed{x < -2 \\text{ or } x > 2}$.', 1),
+    ('(-\\infty, 3]', 'Therefore $\\boxed{x \\leq 3}$.', 1),
+    ('(1, \\infty)', 'The expression is positive exactly when $\\boxed{x > 1}$.', 1),
+    ('[-2, 7]', 'Both conditions together give $\\boxed{-2 \\le x \\le 7}$.', 1),
+    ('[5, \\infty)', 'Solving, we need $x > 5$, so the solution set is $\\boxed{x > 5}$.', 0),
+    ('(-3, 4)', 'Hence the inequality holds for $\\boxed{-3 \\le x < 4}$.', 0),
+    ('(-\\infty, 2) \\cup (2, \\infty)', 'The domain is every real number but 3: $\\boxed{x \\neq 3}$.', 0),
+    ('(-\\infty,-2)\\cup(2,\\infty)', 'So $\\boxed{x < -2 \\text{ or } x > 3}$.', 0),
+    ('(-\\infty, 3]', 'Therefore $\\boxed{x < 3}$.', 0),
+    ('[-2, 7]', 'Both conditions together give $\\boxed{-2 < x \\le 7}$.', 0),
+    # Labelled parts of an ordered answer: boxes that end the response together are the tuple, in order.
+    ('(4, 4)', 'So the quotient is $\\boxed{4}$ and the remainder is $\\boxed{4}$.', 1),
+    ('(1, -5, 6)', 'Therefore $a = \\boxed{1}$, $b = \\boxed{-5}$, and $c = \\boxed{6}$.', 1),
+    ('(2, 3)', 'The center is at $x = \\boxed{2}$, $y = \\boxed{3}$.', 1),
+    ('(3, -1)', 'We get $h = \\boxed{3}$ and $k = \\boxed{-1}$.', 1),
+    ('(4, 3)', 'So the quotient is $\\boxed{3}$ and the remainder is $\\boxed{4}$.', 0),
+    ('(1, -5, 6)', 'Therefore $a = \\boxed{1}$, $b = \\boxed{5}$, and $c = \\boxed{6}$.', 0),
+    ('(2, 3)', 'The center is at $x = \\boxed{3}$, $y = \\boxed{2}$.', 0),
+    ('(3, -1)', 'We get $h = \\boxed{3}$, $k = \\boxed{-1}$ and $r = \\boxed{2}$.', 0),
+    # Computation left undone is no answer; closed forms, and what the gold itself writes, score by value.
+    ('126', 'Each ticket costs 14 dollars, so 9 tickets cost $\\boxed{9 \\times 14}$ dollars.', 0),
+    ('104', 'The rectangle is 8 by 13, so its area is $\\boxed{8 \\cdot 13}$.', 0),
+    ('68', 'The perimeter is $\\boxed{4(11+6)}$.', 0),
+    ('\\frac{10}{3}', 'So he drinks $\\boxed{5 \\cdot \\frac{2}{3}}$ liters.', 0),
+    ('33\\pi', 'The shaded area is $\\boxed{49\\pi - 16\\pi}$.', 0),
+    ('60', 'There are $\\boxed{12 \\times 5}$ seats.', 0),
+    ('2\\sqrt{3}', 'Adding the two heights, $\\boxed{\\sqrt{3} + \\sqrt{3}}$.', 0),
+    ('\\frac{3}{4}', 'The probability is $\\boxed{\\frac{1}{2} \\cdot \\frac{3}{2}}$.', 0),
+    ('40', 'The total is $\\boxed{8(2+3)}$ apples.', 0),
+    ('1024', 'A set of 10 elements has $\\boxed{2^{10}}$ subsets.', 1),
+    ('300000000', 'Light travels $\\boxed{3 \\times 10^8}$ meters per second.', 1),
+    ('2\\sqrt{2}', 'The diagonal is $\\boxed{\\sqrt{8}}$.', 1),
+    ('120', 'The number of committees is $\\boxed{\\binom{10}{3}}$.', 1),
+    ('120', 'They can line up in $\\boxed{5!}$ ways.', 1),
+    ('126', 'So 9 tickets cost $\\boxed{126}$ dollars.', 1),
+    ('33\\pi', 'The shaded area is $\\boxed{33\\pi}$.', 1),
+    ('9 \\times 14', 'The product is $\\boxed{9 \\times 14}$.', 1),
+    ('3+2\\sqrt{2}', 'The maximum is $\\boxed{2\\sqrt{2} + 3}$.', 1),
+    # Hedges and denials with no box: two values offered, or one given unsure, commit to none; the value a
+    # response commits to stands before "not", and a denied value is cut out with the rest of its clause.
+    ('36', 'The answer is either 36 or 63, depending on which digit comes first.', 0),
+    ('72', 'The answer is probably 72, but it might be 78 if I slipped.', 0),
+    ('4', 'The answer is 4 or -1.', 0),
+    ('12', 'So the answer is maybe 12.', 0),
+    ('5', 'I think the answer is 5 or 6.', 0),
+    ('18', 'The greatest common divisor is 18, not 24 (which does not divide 54).', 1),
+    ('9', 'So the maximum is 9, not 5 as the endpoints x = 1 and x = 3 suggest', 1),
+    ('\\frac{1}{6}', 'So the answer is not $\\frac{1}{4}$; it is $\\frac{1}{6}$.', 1),
+    ('42', 'The result is not 24 but 42.', 1),
+    ('7', 'It is not 5, it is 7.', 1),
+    ('4', 'The answer is 4, not -1, since -1 makes the logarithm undefined.', 1),
+    # A box inside a denial is not the answer.
+    ('20', 'It is certainly not \\boxed{20}; the count is 18.', 0),
+    ('18', 'It is certainly not $\\boxed{20}$; the count is 18.', 1),
+    ('5', 'The answer is not \\boxed{5}.', 0),
+    # Percent: a percent answers a gold written without the sign.
+    ('7.5', 'So 6 is $\\boxed{7.5\\%}$ of 80.', 1),
+    ('25', 'The discount is $\\boxed{25\\%}$.', 1),
+    ('0.25', 'As a share, $\\boxed{25\\%}$.', 1),
+    ('7.5', 'So 6 is $\\boxed{75\\%}$ of 80.', 0),
+    ('25', 'The discount is $\\boxed{2.5\\%}$.', 0),
+]
+CASES += CAREFUL

@@ -219,7 +219,9 @@ def test_extract_boxed(text, expected):
     ("What is 86 + 87?\n\n86 + 87", "173", (0.0, 0, "no_boxed"), (0.0, 0, "unevaluated")),
     ("86 + 87 = 173", "173", (0.0, 0, "no_boxed"), (1.0, 0, "ok")),
     ("\\boxed{86+87}", "173", (0.0, 1, "unevaluated"), (0.0, 1, "unevaluated")),
-    ("\\boxed{16 \\times 3}", "48", (1.0, 1, "ok"), (1.0, 1, "ok")),  # a product is a value (restated: below)
+        # a product of plain numbers is a multiplication left undone (issue 67), a prime factorisation is not
+        ("\\boxed{16 \\times 3}", "48", (0.0, 1, "unevaluated"), (0.0, 1, "unevaluated")),
+        ("\\boxed{2^4 \\times 3}", "48", (1.0, 1, "ok"), (1.0, 1, "ok")),
     ("\\boxed{2^{10}}", "2^{10}", (1.0, 1, "ok"), (1.0, 1, "ok")),  # unless the gold is written so too
 ])
 def test_math_format_channel(response, gold, official, math_verify):
@@ -246,7 +248,8 @@ def test_unevaluated_is_a_sum_or_difference_of_plain_numbers(answer, expected):
 CLOSED_FORMS = [("2^{10}", "1024"), ("10^6", "1000000"), ("2^{-10}", "\\frac{1}{1024}"), ("10^{-3}", "0.001"),
                 ("6^2", "36"), ("(-1)^{2023}", "-1"), ("2^{10}-1", "1023"), ("3\\cdot 2^{10}", "3072"),
                 ("3 \\times 10^8", "300000000"), ("2.5 \\times 10^{-4}", "0.00025"), ("2^3 \\cdot 3^2", "72"),
-                ("2 \\cdot 3 \\cdot 5", "30"), ("16 \\times 3", "48")]
+                ("2 \\cdot 3 \\cdot 5", "30"), ("2^4 \\times 3", "48"), ("\\sqrt{8}", "2\\sqrt{2}"),
+                ("\\binom{10}{3}", "120"), ("5!", "120"), ("\\dbinom{10}{3}", "120"), ("3\\pi", "3\\pi")]
 # A restatement of arithmetic the question asks for: 0 under both graders, whatever its layout.
 RESTATED = [("86 \\quad + 87", "173"), ("86\\,+\\,87", "173"), ("86\\ +\\ 87", "173"), ("86+87 \\text{ apples}", "173"),
             ("\\$86+\\$87", "173"), ("\\displaystyle 86+87", "173"), ("\\left( 86+87 \\right)", "173"),
@@ -264,8 +267,8 @@ def test_every_closed_form_of_the_right_value_scores_one(grader):
 
 @pytest.mark.parametrize("grader", verify.MATH_GRADERS)
 def test_a_restated_question_scores_zero_whatever_its_layout(grader):
-    """The sums are refused as sums even without the question; a product or a power only when it
-    repeats the question ("What is $16 \\times 3$?" answered "16 \\cdot 3", "Compute $2^{10}$." answered
+    """The sums are refused as sums even without the question, and so are products of plain numbers
+    (verify.leaves_work_undone); a power only when it repeats the question ("What is $16 \\times 3$?" answered "16 \\cdot 3", "Compute $2^{10}$." answered
     "2^{10}"), and not when the gold itself is written in the question."""
     question = "What is $86 + 87$?"
     responses = [boxed(answer) for answer, _ in RESTATED]
@@ -273,7 +276,7 @@ def test_a_restated_question_scores_zero_whatever_its_layout(grader):
     for questions, reason in ((None, "unevaluated"), ([question] * len(golds), "restated")):
         scores = verify.score_batch(responses, golds, ["math"] * len(golds), questions=questions, math_grader=grader)
         assert [(s.reward, s.reason) for s in scores] == [(0.0, reason)] * len(golds), list(zip(RESTATED, scores))
-    cases = [("16 \\cdot 3", "48", "What is 16 × 3?", "restated"), ("16 \\cdot 3", "48", "What is 12 × 4?", "ok"),
+    cases = [("16 \\cdot 3", "48", "What is 16 × 3?", "restated"), ("16 \\cdot 3", "48", "What is 12 × 4?", "unevaluated"),
              ("2^{10}", "1024", "Compute $2^{10}$.", "restated"), ("2^{10}", "1024", "Compute $2^{10} + 1$.", "ok"),
              ("2^9+1", "513", "Compute $2^{10} - 2^9 + 1$.", "ok"),  # a piece of the question's expression
              ("2^{10}", "2^{10}", "Which is larger, $2^{10}$ or $10^3$?", "ok"),  # the gold is in the question
@@ -346,13 +349,15 @@ def test_a_box_is_the_answer_whatever_words_before_it_deny():
 def test_no_stop_or_layout_after_a_sum_hides_it(grader):
     """Each sentence end after a restated sum, in a box and (math-verify) outside one, scores 0; so does
     a layout math-verify reads past (\\ldots, a spaced stop), caught by the parse (adds_plain_numbers)."""
-    tails = [".", ",", ";", ":", "!", "?", "..", ". ", "\\,.", "\\quad .", "\\ldots"]
+    tails = [".", ",", ";", ":", "?", "..", ". ", "\\,.", "\\quad .", "\\ldots"]  # "87!" is 87 factorial: below
     responses = [boxed("86 + 87" + tail) for tail in tails]
     if grader == "math-verify":
         responses += ["86 + 87.", "86 + 87,", "The answer is 86 + 87."]
     scores = verify.score_batch(responses, ["173"] * len(responses), ["math"] * len(responses), math_grader=grader)
     assert [s.reward for s in scores] == [0.0] * len(responses), list(zip(responses, scores))
     assert {s.reason for s in scores} == {"unevaluated"}, list(zip(responses, scores))
+    factorial = verify.score_batch([boxed("86 + 87!")], ["173"], ["math"], math_grader=grader)[0]
+    assert (factorial.reward, factorial.reason) == (0.0, "wrong")  # 86 + 87!, another value
     # a stop after a value or a closed form takes nothing away
     fine = [boxed("173") + ".", boxed("2^{10}-1") + ".", boxed("3+2\\sqrt{2}") + "."]
     scores = verify.score_batch(fine, ["173", "1023", "3+2\\sqrt{2}"], ["math"] * 3, math_grader=grader,
@@ -437,9 +442,8 @@ MATH_VERIFY_DISAGREEMENTS = {
     ("185", "\\boxed{185\\}"): "NeMo-Skills strips a trailing backslash; here it escapes the closing brace, so "
                                 "the box never closes and math-verify reads no 185",
     ("185\\", "\\boxed{185}"): "the same trailing backslash, in the gold: '\\boxed{185\\}' does not parse",
-    ("C", "\\boxed{C. x = 42}"): "NeMo-Skills' multiple-choice rule reads a leading 'C.' as the choice; "
-                                 "math-verify reads the box as an equation, x = 42",
-    ("C. x = 42", "\\boxed{C}"): "the same rule, the other way round",
+    ("C. x = 42", "\\boxed{C}"): "NeMo-Skills' multiple-choice rule reads a leading 'C.' as the choice, also "
+                                 "in the gold; verify.py reads an option label only in the response",
     ("$10$", "Answer \\( (9+1) \\)"): "verify.py's rule, not math-verify's: a sum of plain numbers is not an "
                                       "answer (verify.unevaluated), or a policy answers 'What is 9 + 1?' with "
                                       "'9 + 1' (issue 43's SmolLM2 runs did); the source's label accepts it",
@@ -463,12 +467,132 @@ def test_equivalence_set_agreement_with_both_graders(capsys):
     for gold, response in official_missed - missed:  # the last-box rule saw a different answer
         boxes = len(verify._BOX_START.findall(response))
         box = verify.extract_boxed(response)
-        assert boxes != 1 or box is None or "answer" in response.lower() \
-            or verify.join_spaced_thousands(box) != box, (gold, response)  # it keeps "1 000" as 1 x 000
+        assert boxes != 1 or box is None or "answer" in response.lower() or "choice" in response \
+            or verify.join_spaced_thousands(box) != box \
+            or verify.without_denials(response) != response, (gold, response)  # it keeps "1 000" as 1 x 000
     with capsys.disabled():
         print(f"\nequivalence set: {len(CASES)} cases; math-verify agrees on {len(CASES) - len(missed)} "
               f"({1 - len(missed) / len(CASES):.1%}), official last-box rule on {len(CASES) - len(official_missed)} "
               f"({1 - len(official_missed) / len(CASES):.1%})")
+
+
+def test_each_careful_grader_case_scores_as_labelled_by_the_official_grader_where_it_reads_a_box():
+    """Issue 67's kinds under --math-grader official: every case whose response holds exactly one box
+    that no negation denies (the only answer the last-box rule reads) scores as its label."""
+    from math_equivalence_cases import CAREFUL
+
+    one_box = [(g, r, label) for g, r, label in CAREFUL
+               if len(verify._boxes(r)) == 1 and verify.without_denials(r) == r]
+    assert len(one_box) >= 40
+    scores = verify.score_batch([r for _, r, _ in one_box], [g for g, _, _ in one_box], ["math"] * len(one_box),
+                                math_grader="official")
+    assert [s.reward for s in scores] == [label for *_, label in one_box], \
+        [(case, s) for case, s in zip(one_box, scores) if s.reward != case[2]]
+    denied_box = verify.score_batch(["It is certainly not $\\boxed{20}$; the count is $\\boxed{18}$."], ["20"],
+                                    ["math"], math_grader="official")[0]
+    assert (denied_box.reward, denied_box.reason) == (0.0, "wrong")  # the last box not denied: 18
+
+
+# Restated in another layout: \dbinom, \tbinom and \binom are one expression, and so are \log_3 81 and
+# \log_{3} 81; a function the question applies, answered by applying it again, restates it.
+# (answer, gold, question, reason)
+RESTATED_LAYOUTS = [("\\binom{9}{4}", "126", "Compute $\\dbinom{9}{4}$.", "restated"),
+                    ("\\tbinom{9}{4}", "126", "Compute $\\dbinom{9}{4}$.", "restated"),
+                    ("\\log_3 81", "4", "Evaluate $\\log_3 81$.", "restated"),
+                    ("\\log_{3} 81", "4", "Evaluate $\\log_3 81$.", "restated"),
+                    ("5!", "120", "What is $5!$?", "restated"),
+                    ("\\binom{9}{4}", "126", "How many 4-person teams can 9 players form?", "ok"),
+                    ("5!", "120", "In how many ways can 5 people stand in a line?", "ok"),
+                    ("126", "126", "Compute $\\dbinom{9}{4}$.", "ok")]
+
+
+@pytest.mark.parametrize("grader", verify.MATH_GRADERS)
+def test_a_question_restated_in_another_layout_scores_zero(grader):
+    scores = verify.score_batch([boxed(a) for a, *_ in RESTATED_LAYOUTS], [g for _, g, *_ in RESTATED_LAYOUTS],
+                                ["math"] * len(RESTATED_LAYOUTS), questions=[q for *_, q, _ in RESTATED_LAYOUTS],
+                                math_grader=grader)
+    assert [s.reason for s in scores] == [r for *_, r in RESTATED_LAYOUTS], list(zip(RESTATED_LAYOUTS, scores))
+
+
+def test_restated_reads_the_question_where_a_slip_would_hide():
+    """Each assertion kills a one-line mutant of verify.restated or verify._bare (issue 67)."""
+    assert not verify.restated("1+2", "What is $1 + 2.5$?")      # a decimal point after it: 1 + 2.5, not 1 + 2
+    assert verify.restated("1+2", "What is $1 + 2$.")             # a full stop after it ends the sentence
+    assert not verify.restated("7", "Which is largest: 3, 7 or 5?")  # a single number is no restatement
+    assert verify.restated("9 \\cdot 14", "Compute $9 \\times 14$.", "126")  # a product whose gold is its value
+    assert not verify.restated("86 + 87", "Write 86 + 87 as a sum.", "86 + 87")  # the gold itself is the sum
+    assert not verify.restated("2 \\times 7", "Compute $12 \\times 7$.")  # a piece of a longer number
+    scores = verify.score_batch([boxed("7"), boxed("86 + 87"), boxed("9 \\times 14"), boxed("9 \\times 14")],
+                                ["7", "86 + 87", "126", "9 \\times 14"], ["math"] * 4,
+                                questions=["Which is largest: 3, 7 or 5?", "Write 86 + 87 as a sum.",
+                                           "Compute $9 \\times 14$.", "What is the product, unevaluated?"])
+    assert [s.reason for s in scores] == ["ok", "ok", "restated", "ok"], scores
+
+
+def test_or_between_values_is_a_hedge_unless_the_gold_is_a_list():
+    assert verify.hedged("4", "The answer is 4 or -1.") and verify.hedged("4", "It is 4 or x = -1.")
+    assert not verify.hedged("4", "The answer is 4 or -1.", gold_is_list=True)
+    assert not verify.hedged("4", "The answer is 4. Maybe 24 was a slip.")  # another sentence
+    assert not verify.hedged("4", "The answer is 4, and 4.5 or 6 were never in doubt", gold_is_list=True)
+
+
+def test_a_negating_word_inside_a_box_cuts_nothing():
+    for text in ["\\boxed{\\text{not } 5}", "So $\\boxed{x \\text{ is not } 5}$.", "$\\boxed{\\text{never} 3}$"]:
+        assert verify.without_denials(text) == text
+    assert verify.without_denials("It is not \\boxed{5}, it is \\boxed{6}.") == "It is , it is \\boxed{6}."
+
+
+@pytest.mark.parametrize("response", ["The answer is NOT 108.", "Not 108.", "NEVER 108", "It ISN'T 108"])
+def test_a_denial_in_capitals_denies(response):
+    score = verify.score_batch([response], ["108"], ["math"])[0]
+    assert (score.reward, score.reason) == (0.0, "denied"), score
+
+
+def test_boxes_stand_together_up_to_40_characters_apart():
+    for gap, together in ((40, True), (41, False)):
+        between = " " + "y" * (gap - 2) + " "  # no rejecting word, exactly `gap` characters
+        text = "\\boxed{1}" + between + "\\boxed{2}"
+        assert len(text) - len("\\boxed{1}") - len("\\boxed{2}") == gap
+        assert verify.final_boxes(text) == (["1", "2"] if together else ["2"]), gap
+
+
+REJECTING_WORDS = ["no", "not", "but", "fails", "fail", "failed", "rejected", "rejecting", "discarded", "extraneous",
+                   "invalid", "wrong", "except", "excluded", "however", "instead", "impossible", "cannot", "can't",
+                   "isn't", "doesn't", "checking", "check", "wait", "undefined"]
+
+
+@pytest.mark.parametrize("word", REJECTING_WORDS)
+def test_each_rejecting_word_between_two_boxes_parts_them(word):
+    assert verify.final_boxes(f"x = \\boxed{{-2}} {word} x = \\boxed{{3}}") == ["3"]
+    assert verify.final_boxes(f"x = \\boxed{{-2}} x{word} x = \\boxed{{3}}") == ["-2", "3"]  # a word, not a piece
+
+
+# What the rules still get wrong, each with its reason; the test fails when one is put right, so the list
+# stays true. (gold, response, what a careful grader gives, what verify.py gives)
+STILL_WRONG = {
+    ("D", "$\\boxed{7}$"): (1.0, 0.0, "the value of the right option, boxed without its letter: the options are "
+                                      "in the question, which the rule does not read"),
+    ("14", "$\\boxed{2 \\cdot 7}$"): (0.0, 1.0, "a product of primes is a closed form by its shape (so that a "
+                                               "factorisation such as 2 \\cdot 3 \\cdot 5 scores), even where "
+                                               "the question wants the value"),
+    ("\\frac{5}{6}", "$\\boxed{\\frac{1}{2} + \\frac{1}{3}}$"): (0.0, 1.0, "a sum of fractions is not read as "
+                                                                          "undone: only sums of whole and "
+                                                                          "decimal numbers, and like terms"),
+    ("B", "Option B looks tempting, but adding up gives 7."): (0.0, 1.0, "a letter named in passing is read as "
+                                                                         "the choice"),
+    ("72", "I might be off by a little, but I am going with 72."): (1.0, 0.0, "an unsure word in the answer's "
+                                                                               "sentence reads as a hedge"),
+    ("4, -1", "The roots are x = 4 or x = -1."): (1.0, 0.0, "values joined by 'or' with no box are not read as "
+                                                          "the list (math-verify reads the last one); the "
+                                                          "hedge rule lets them pass, but the reading fails"),
+}
+
+
+@pytest.mark.parametrize("case", STILL_WRONG)
+def test_what_the_rules_still_get_wrong(case):
+    careful, ours, _ = STILL_WRONG[case]
+    assert careful != ours
+    assert verify.score_batch([case[1]], [case[0]], ["math"])[0].reward == ours
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -485,6 +609,13 @@ HOSTILE_MATH = {  # name -> response; the gold is "7" and each must score 0 with
     "1 MB box": "\\boxed{" + "x+" * 500_000 + "}",
     "1 MB of text, small box": "lorem ipsum " * 90_000 + "\\boxed{8}",
     "NUL bytes and odd unicode": "\x00\\boxed{\x00\u202e\ud800\U0001f4a5\ufeff\x00}\x00",
+    # the rules of issue 67 on hostile shapes: every denial cut, every box a denial's value, every hedge
+    # (5000 of each: the rules are linear in the response; math-verify's parse of a long one is not)
+    "5000 denials": "It is not 1, " * 5_000 + "so 8.",
+    "denials of 5000 boxes": "not \\boxed{7}; " * 5_000,
+    "5000 hedges": "maybe 7 or 8. " * 5_000,
+    "5000 option letters": "option D, " * 5_000,
+    "relation sympy cannot solve": "\\boxed{x^{x^{x}} > \\sin(x) + 7}",
 }
 
 
