@@ -67,7 +67,7 @@ from data import (BENCHMARKS, DATA_DIR, MATH_BENCHMARKS, Item, Task, build_promp
                   check_benchmark_names, load_benchmark)
 from ddp import Dist, all_reduce  # noqa: E402
 from rollout import HFRollout, VLLMRollout  # noqa: E402
-from runlog import fmt, moving_average, nanmean, read_jsonl, read_run, save_figure, write_json  # noqa: E402
+from runlog import fmt, moving_average, nanmean, portable, read_jsonl, read_run, save_figure, write_json  # noqa: E402
 
 BOOTSTRAP_RESAMPLES = 2000  # as PASS's Table 6: 2000 resamples of whole problems
 BOOTSTRAP_SEED = 0
@@ -671,7 +671,7 @@ def main(argv=None) -> dict | Path:
                      "top_p": None if args.greedy else args.top_p, "max_new_tokens": max_new_tokens,
                      "limit": args.limit, "seed": args.seed, "rollout": args.rollout,
                      "math_grader": args.math_grader,
-                     "system_prompt": args.system_prompt, "data_dir": str(args.data_dir),
+                     "system_prompt": args.system_prompt, "data_dir": portable(args.data_dir),
                      "bootstrap_resamples": BOOTSTRAP_RESAMPLES},
         "average_pass@1": float(np.mean([r["pass@1"] for r in results.values()])),
         "benchmarks": results,

@@ -11,7 +11,7 @@
 
 Every file is written to a temporary name and renamed over the old one (write_atomic,
 replace_folder): a kill at any moment leaves the old or the new version whole, never half of one.
-`read_run` is the one reader of a finished or running run folder (train.py, eval.py, reproduce.py).
+`read_run` is the one reader of a finished or running run folder (train.py, eval.py, studies/).
 """
 
 import contextlib
@@ -45,6 +45,17 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 def write_json(path: Path, data: dict, indent: int = 2) -> None:
     write_atomic(path, json.dumps(data, indent=indent))
+
+
+REPO = Path(__file__).resolve().parent
+
+
+def portable(path) -> str:
+    """A path as a shipped record should hold it: relative to the repository when it is inside it
+    ("/home/me/prime/.cache/smollm2" -> ".cache/smollm2"), so that no JSON the docs quote names one
+    machine's folders; a path elsewhere (a hub name, another disk) unchanged."""
+    resolved = Path(path).resolve() if str(path) else Path(path)
+    return str(resolved.relative_to(REPO)) if str(path) and resolved.is_relative_to(REPO) else str(path)
 
 
 def replace_folder(tmp: Path, final: Path) -> None:

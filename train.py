@@ -570,7 +570,7 @@ def main(argv=None):
     t = time.time()
     end = evaluation.heldout_metrics(sampler, eval_tasks, args, d)
     eval_seconds += time.time() - t
-    if d.master:  # final/ first: a summary with end_accuracy marks a finished run (reproduce.py)
+    if d.master:  # final/ first: a summary with end_accuracy marks a finished run (studies/runner.py)
         toy_task.save_pretrained_atomic(unwrap(models.policy), tokenizer, run_dir / "final")
         n_steps = max(args.steps - start_step, 1)
         timing = {"wall_seconds": time.time() - wall_start,

@@ -22,8 +22,8 @@ def anchors(page: Path) -> set[str]:
 
 def test_github_anchor_rule_by_hand(tmp_path):
     page = tmp_path / "p.md"
-    page.write_text("# Title\n## 4. The credit-assignment study (`python credit_study.py`)\n```\n# not a heading\n```\n")
-    assert anchors(page) == {"title", "4-the-credit-assignment-study-python-credit_studypy"}
+    page.write_text("# Title\n## 4. The credit-assignment study (`python studies/credit_study.py`)\n```\n# not a heading\n```\n")
+    assert anchors(page) == {"title", "4-the-credit-assignment-study-python-studiescredit_studypy"}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
@@ -75,3 +75,11 @@ def test_the_outside_pattern_by_hand():
     for line in ["the statistics shared by every study", "Path(__file__).resolve().parents[1]",
                  "REPO = Path(__file__).resolve().parent.parent  # tests/ -> the repository"]:
         assert not OUTSIDE.search(line), line
+
+
+def test_no_shipped_record_names_a_machines_folder():
+    """The JSON the docs quote (docs/figures/) records paths relative to the repository (runlog.portable)."""
+    absolute = re.compile(r'"/(?:work|home|root|tmp|Users|mnt|data|opt|srv|scratch)/')
+    found = [str(p.relative_to(REPO)) for p in sorted((REPO / "docs" / "figures").rglob("*.json"))
+             if absolute.search(p.read_text())]
+    assert not found, found

@@ -148,7 +148,7 @@ def test_a_real_gsm8k_prompt_fits_the_real_defaults(smollm, tokenizer, tmp_path)
 
 def test_the_real_study_runs_its_lr_grid_records_it_and_resumes_from_the_record(smollm, cache_dir, tmp_path,
                                                                                  monkeypatch, capsys):
-    """`python reproduce.py real --tasks sums2 --phases lr`, shortened (one lr, 2 steps, 2 held-out
+    """`python studies/reproduce.py real --tasks sums2 --phases lr`, shortened (one lr, 2 steps, 2 held-out
     problems): the task file and its validation file are built, the grid run is a train.py run on the
     validation split recorded in study.json with its curves, the choice is made from the record, and a
     second call runs nothing: what study.json holds is not run again (runs/ deleted in between)."""

@@ -1,4 +1,4 @@
-"""real_study.py (`python reproduce.py real`): the protocol's order, its choices and its verdicts by hand,
+"""real_study.py (`python studies/reproduce.py real`): the protocol's order, its choices and its verdicts by hand,
 on study.json records; the runs themselves are tested end to end in tests/test_real_model.py."""
 
 import json
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import real_study
-import reproduce
 import runlog
+import runner
 
 
 def recorded(arm, seed, sampled, greedy=(0.5, 0.5), prm=None, setting=None):
@@ -180,7 +180,7 @@ def test_a_recorded_run_loses_its_resume_checkpoint_but_stays_finished(tmp_path,
     assert (run / "checkpoint" / "state.pt").exists()
     runlog.drop_checkpoints(run)
     assert sorted(p.name for p in run.iterdir()) == ["final", "summary.json"]
-    assert reproduce.finished(run)
+    assert runner.finished(run)
 
 
 def test_code_version_names_the_commit_and_a_change_to_code_but_not_to_docs(tmp_path, monkeypatch):
@@ -224,7 +224,7 @@ def test_the_seeds_table_pools_right_answers_with_a_wrong_step_over_the_runs_tha
 
 
 def test_the_report_draws_each_tasks_seeds_from_study_json_alone(tmp_path, capsys):
-    """`reproduce.py real --report-only`: the tables and the seeds plot from a study.json, with a run that
+    """`studies/reproduce.py real --report-only`: the tables and the seeds plot from a study.json, with a run that
     logged right_with_wrong_step beside one recorded before train.py logged it; nothing before the seeds."""
     study = {"runs": {}}
     for phase, arm in (("lr", "rloo"), ("prm", "prime")):

@@ -1,4 +1,4 @@
-"""reproduce.py: its curve arithmetic by hand, and one tiny comparison end to end."""
+"""studies/: reproduce.py's curve arithmetic, the statistics every study shares (stats.py) by hand, and one tiny comparison end to end."""
 
 import json
 import math
@@ -11,6 +11,8 @@ import pytest
 import credit_study
 import reproduce
 import runlog
+import runner
+import stats
 
 from conftest import SFT_STEPS
 
@@ -21,13 +23,13 @@ def test_moving_average_and_first_step_reaching_by_hand():
     x = np.array([[0.0, 1.0, np.nan, 3.0, 5.0]])
     # trailing window 2: [0], [0,1], [1,nan], [nan,3], [3,5]
     assert runlog.moving_average(x, 2).tolist() == [[0.0, 0.5, 1.0, 3.0, 4.0]]
-    assert reproduce.first_step_reaching(np.array([0.1, 0.3, 0.2, 0.5]), 0.3) == 2  # steps count from 1
-    assert reproduce.first_step_reaching(np.array([0.1, 0.2]), 0.3) is None
+    assert runner.first_step_reaching(np.array([0.1, 0.3, 0.2, 0.5]), 0.3) == 2  # steps count from 1
+    assert runner.first_step_reaching(np.array([0.1, 0.2]), 0.3) is None
 
 
 def test_every_arm_is_in_a_comparison_and_has_a_label():
     used = {a for arms in reproduce.COMPARISONS.values() for a in arms}
-    assert used == set(reproduce.ARMS) == set(reproduce.LABELS)
+    assert used == set(runner.ARMS) == set(runner.LABELS)
 
 
 def test_one_comparison_end_to_end(cache_dir, tmp_path, capsys):
@@ -51,25 +53,25 @@ def test_one_comparison_end_to_end(cache_dir, tmp_path, capsys):
 def test_paired_difference_by_hand():
     # seeds 1-3 shared (seed 4 is the baseline's alone): differences 0.1, 0.05, 0.2; mean 0.35 / 3;
     # deviations -0.05/3, -0.2/3, 0.25/3 -> sd = sqrt((0.0025 + 0.04 + 0.0625) / 9 / 2) = sqrt(0.105 / 18)
-    p = reproduce.paired({1: 0.5, 2: 0.6, 3: 0.7}, {1: 0.4, 2: 0.55, 3: 0.5, 4: 0.9})
+    p = stats.paired({1: 0.5, 2: 0.6, 3: 0.7}, {1: 0.4, 2: 0.55, 3: 0.5, 4: 0.9})
     assert p["seeds"] == [1, 2, 3] and p["diffs"] == pytest.approx([0.1, 0.05, 0.2])
     assert p["mean"] == pytest.approx(0.35 / 3)
     assert p["t"] == pytest.approx((0.35 / 3) / (math.sqrt(0.105 / 18) / math.sqrt(3)))  # 2.65
     assert (p["up"], p["down"], p["verdict"]) == (3, 0, "too few seeds")
-    assert reproduce.paired_text(p) == "+0.117 (t 2.6, 3/3 up; too few seeds)"
+    assert stats.paired_text(p) == "+0.117 (t 2.6, 3/3 up; too few seeds)"
     # five seeds: a claim when |t| >= 3 and every difference has its sign
     base = {s: 0.5 for s in range(1, 6)}
-    up = reproduce.paired({s: 0.5 + 0.01 * s for s in range(1, 6)}, base)  # 0.01 .. 0.05: t = 0.03 / (0.0158 / 2.24) = 4.2
+    up = stats.paired({s: 0.5 + 0.01 * s for s in range(1, 6)}, base)  # 0.01 .. 0.05: t = 0.03 / (0.0158 / 2.24) = 4.2
     assert up["t"] == pytest.approx(0.03 / (np.std([0.01, 0.02, 0.03, 0.04, 0.05], ddof=1) / math.sqrt(5)))
     assert up["verdict"] == "up"
-    mixed = reproduce.paired({1: 0.6, 2: 0.6, 3: 0.6, 4: 0.6, 5: 0.49}, base)  # one seed down: no claim
+    mixed = stats.paired({1: 0.6, 2: 0.6, 3: 0.6, 4: 0.6, 5: 0.49}, base)  # one seed down: no claim
     assert mixed["down"] == 1 and mixed["verdict"] == "none"
-    down = reproduce.paired({s: 0.4 for s in range(1, 6)}, base)  # every difference -0.1: t = -inf
+    down = stats.paired({s: 0.4 for s in range(1, 6)}, base)  # every difference -0.1: t = -inf
     assert down["t"] == -math.inf and down["verdict"] == "down"
-    assert reproduce.paired_text(reproduce.paired({1: 0.3}, {1: 0.1})) == "+0.200 (one seed)"
-    assert reproduce.paired_text(reproduce.paired({1: 0.3}, {2: 0.1})) == "no shared seed"
+    assert stats.paired_text(stats.paired({1: 0.3}, {1: 0.1})) == "+0.200 (one seed)"
+    assert stats.paired_text(stats.paired({1: 0.3}, {2: 0.1})) == "no shared seed"
     # the evaluation's binomial SE: 200 problems x 4 samples at 0.70 -> sqrt(0.21 / 800) = 0.0162
-    assert reproduce.eval_se(0.7, 800) == pytest.approx(math.sqrt(0.21 / 800))
+    assert stats.eval_se(0.7, 800) == pytest.approx(math.sqrt(0.21 / 800))
 
 
 def test_credit_arithmetic_by_hand():
@@ -117,8 +119,8 @@ def test_weight_change_is_the_rms_of_the_difference_by_hand(tmp_path):
 def test_steps_to_reach_uses_full_windows_only():
     # window 2: moving averages [0.8 (one value, not full), 0.45, 0.2, 0.5, 0.7]
     run = fake_run(1, [0.8, 0.1, 0.3, 0.7, 0.7], 0.5)
-    assert reproduce.steps_to_reach([run], 0.5, 2) == [4]  # step 1's 0.8 is not a full window
-    assert reproduce.steps_to_reach([run], 0.71, 2) == [None]
+    assert runner.steps_to_reach([run], 0.5, 2) == [4]  # step 1's 0.8 is not a full window
+    assert runner.steps_to_reach([run], 0.71, 2) == [None]
 
 
 def test_credit_report_reads_gains_against_the_arms_own_baseline_and_checker(tmp_path):
@@ -151,7 +153,7 @@ def test_credit_arms_are_complete_and_shared_runs_keep_their_names():
     assert credit_study.credit_run_name("default", "implicit") == "prime"
     assert credit_study.credit_run_name("sparse", "outcome") == "credit-sparse-outcome"
     for setting, arm, flags in credit_study.credit_runs(list(credit_study.SETTINGS), None):
-        reproduce.train_config(flags)  # every study run's flags parse and pass config.check_args
+        runner.train_config(flags)  # every study run's flags parse and pass config.check_args
 
 
 def test_slipped_lines_are_the_lines_whose_arithmetic_is_wrong():
@@ -299,9 +301,9 @@ def test_paired_from_json_reads_every_arm_against_its_baseline():
 
 def test_paired_from_json_gives_collapses_a_sign_count_and_counts_the_family():
     seeds = [1, 2, 3, 4, 5]
-    outcome = {"seeds": seeds, "end_sampled": [0.20, 0.22, 0.24, 0.26, 0.28], "end_greedy": [1.0] * 5}
-    checker = {"seeds": seeds, "end_sampled": [0.25, 0.28, 0.29, 0.32, 0.33], "end_greedy": [1.0] * 5}
-    collapsed = {"seeds": seeds, "end_sampled": [0.0, 0.20, 0.01, 0.0, 0.0], "end_greedy": [0.0, 0.99, 0.2, 0.0, 0.0]}
+    outcome = {"seeds": seeds, "end_sampled": [0.20, 0.22, 0.24, 0.26, 0.28], "start_greedy": [1.0] * 5, "end_greedy": [1.0] * 5}
+    checker = {"seeds": seeds, "end_sampled": [0.25, 0.28, 0.29, 0.32, 0.33], "start_greedy": [1.0] * 5, "end_greedy": [1.0] * 5}
+    collapsed = {"seeds": seeds, "end_sampled": [0.0, 0.20, 0.01, 0.0, 0.0], "start_greedy": [1.0] * 5, "end_greedy": [0.0, 0.99, 0.2, 0.0, 0.0]}
     text = credit_study.paired_from_json({"sparser": {"outcome-nf": outcome, "step-nf-e1": checker,
                                                       "implicit-nf-mixed-e1": collapsed}})
     # checker - outcome: 0.05, 0.06, 0.05, 0.06, 0.05; mean 0.054, sd 0.005477, t = 0.054 / 0.002449 = 22.0;
@@ -317,7 +319,7 @@ def test_paired_from_json_gives_collapses_a_sign_count_and_counts_the_family():
 
 def test_reproduce_paired_from_json_pairs_todays_runs_only():
     seeds = [1, 2, 3, 4, 5]
-    today = {"steps": [70] * 5, "seed": seeds, "end_accuracy": [1.0] * 5}
+    today = {"steps": [70] * 5, "seed": seeds, "start_accuracy": [1.0] * 5, "end_accuracy": [1.0] * 5}
     results = {"grpo": {**today, "end_sampled": [0.70, 0.69, 0.73, 0.71, 0.71]},
                "pass-step": {**today, "end_sampled": [0.69, 0.68, 0.72, 0.71, 0.70]},
                # a collapsed seed (greedy 0.3): a sign count, no t and no interval
@@ -335,18 +337,45 @@ def test_reproduce_paired_from_json_pairs_todays_runs_only():
     assert "| estimators | GRPO + implicit PRM | GRPO | 0 | not paired" in text  # grpo+prm has no entry
 
 
+def test_the_collapse_rule_by_hand():
+    """One rule (stats.collapsed, docs/REPRODUCTION.md): a run collapsed when its greedy held-out accuracy
+    ends below half its start's. Each line kills a mutant: the boundary, a start below 0.5, a fixed level."""
+    assert stats.COLLAPSE == 0.5
+    assert stats.collapsed(1.0, 0.49) and not stats.collapsed(1.0, 0.5)  # exactly half is not below half
+    assert not stats.collapsed(0.425, 0.475)  # started below 0.5 and rose: SmolLM2's chains runs
+    assert not stats.collapsed(0.425, 0.2125) and stats.collapsed(0.425, 0.21)  # its own half: 0.2125
+    assert stats.collapsed(0.8, 0.39) and not stats.collapsed(0.8, 0.41)
+
+
+def test_an_outcome_only_run_collapsing_and_a_low_start_in_the_paired_table():
+    seeds = [1, 2, 3, 4, 5]
+    today = {"steps": [70] * 5, "seed": seeds, "start_accuracy": [1.0] * 5, "end_accuracy": [1.0] * 5}
+    results = {"prime": {**today, "end_sampled": [0.70, 0.69, 0.73, 0.71, 0.71]},
+               # outcome-only's seed 2 collapsed (greedy 1.0 -> 0.4): the difference is bimodal
+               "rloo": {**today, "end_sampled": [0.69, 0.20, 0.72, 0.70, 0.70], "end_accuracy": [1.0, 0.4, 1.0, 1.0, 1.0]},
+               # every offline-PRM run started below 0.5 and rose: none collapsed, the t stands
+               "prime-offline": {**today, "end_sampled": [0.72, 0.70, 0.74, 0.73, 0.73],
+                                 "start_accuracy": [0.4] * 5, "end_accuracy": [0.45] * 5}}
+    text = reproduce.paired_from_json(results, ["prime-vs-rloo", "online-vs-offline"])
+    # PRIME - outcome-only: +0.01, +0.49, +0.01, +0.01, +0.01: 5 up, sign test 2/32
+    assert "| prime-vs-rloo | PRIME | outcome-only | 5 | +0.106 (5/5 up; bimodal: sign test p 0.06, no t) | n/a | 0 / 1 |" in text
+    # offline - online: +0.02, +0.01, +0.01, +0.02, +0.02: mean 0.016, sd 0.005477, t 6.5
+    assert "| online-vs-offline | PRIME, offline PRM | PRIME | 5 | +0.016 (t 6.5, 5/5 up; up) |" in text
+    assert text.count("| 0 / 0 |") == 1
+
+
 def test_interval_quantiles_and_sign_test_by_hand():
     # Student's t 97.5% points from a printed table; above 10 degrees within 1.1% of it
     for df, q in ((1, 12.706), (4, 2.776), (10, 2.228), (12, 2.179), (20, 2.086), (30, 2.042)):
-        assert reproduce.t975(df) == pytest.approx(q, rel=0.011)
+        assert stats.t975(df) == pytest.approx(q, rel=0.011)
     # 5 of 5 one way: 2 x 1/32; 4 of 5: 2 x 6/32; 3 of 5: 2 x 16/32 = 1; nothing non-zero: 1
-    assert reproduce.sign_test_p(5, 0) == reproduce.sign_test_p(0, 5) == pytest.approx(2 / 32)
-    assert reproduce.sign_test_p(4, 1) == pytest.approx(12 / 32)
-    assert reproduce.sign_test_p(3, 2) == reproduce.sign_test_p(0, 0) == 1.0
-    p = reproduce.paired({1: 0.3, 2: 0.5, 3: 0.4}, {1: 0.1, 2: 0.2, 3: 0.2})  # 0.2, 0.3, 0.2: sd 0.0577
+    assert stats.sign_test_p(5, 0) == stats.sign_test_p(0, 5) == pytest.approx(2 / 32)
+    assert stats.sign_test_p(4, 1) == pytest.approx(12 / 32)
+    assert stats.sign_test_p(3, 2) == stats.sign_test_p(0, 0) == 1.0
+    p = stats.paired({1: 0.3, 2: 0.5, 3: 0.4}, {1: 0.1, 2: 0.2, 3: 0.2})  # 0.2, 0.3, 0.2: sd 0.0577
     se = np.std([0.2, 0.3, 0.2], ddof=1) / math.sqrt(3)
     assert p["ci95"] == pytest.approx((0.7 / 3 - 4.303 * se, 0.7 / 3 + 4.303 * se))
-    assert all(math.isnan(x) for x in reproduce.paired({1: 0.3}, {1: 0.1})["ci95"])
+    assert all(math.isnan(x) for x in stats.paired({1: 0.3}, {1: 0.1})["ci95"])
 
 
 def test_plot_gradients_draws_every_recorded_checkpoint_from_the_json(tmp_path):

@@ -3,9 +3,9 @@
 curves go to docs/figures/real/study.json, and a run recorded there is never run again, so a later
 session (whose runs/ is gone) continues the protocol where the file stops.
 
-    python reproduce.py real                                  # the whole protocol, resuming study.json
-    python reproduce.py real --tasks chains --phases lr       # a part of it
-    python reproduce.py real --report-only                    # tables, choices, verdicts, plots from study.json
+    python studies/reproduce.py real                            # the whole protocol, resuming study.json
+    python studies/reproduce.py real --tasks chains --phases lr # a part of it
+    python studies/reproduce.py real --report-only              # tables, choices, verdicts, plots from study.json
 
 The protocol, PRIME's adapted to a 2-core CPU (docs/REPRODUCTION.md section 3 states it):
   tasks    chains: "What is a + b + c + d + e?", five two-digit numbers (`python data.py chains`), worked
@@ -26,7 +26,7 @@ The protocol, PRIME's adapted to a 2-core CPU (docs/REPRODUCTION.md section 3 st
   2. prm   PRIME at that policy lr, at each PRM lr x beta of PRM_GRID (beta: the paper's 0.05 and the
            project's 1.0), seed 1, the same split and rule.
   3. seeds both arms at their choices, seeds 1-5, on the whole file: its first 40 questions, which no
-           grid run saw, are the held-out ones. Paired by seed (reproduce.paired), the project's rule.
+           grid run saw, are the held-out ones. Paired by seed (stats.paired), the project's rule.
 """
 
 import argparse
@@ -46,9 +46,11 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 
+from runner import LABELS, REPO, run_arm, save_figure  # noqa: E402  (it puts the repository on the path)
 import data  # noqa: E402
 import runlog  # noqa: E402
-from reproduce import REPO, paired, paired_cells, run_arm, save_figure  # noqa: E402
+import stats  # noqa: E402
+from stats import paired, paired_cells  # noqa: E402
 
 TASKS = {  # the task file (data.py), its start, and what its responses need
     "chains": dict(data=["chains", "--terms", "5", "--digits", "2"], max_len=128,
@@ -66,9 +68,7 @@ LR_LADDER = ["1e-6", "3e-6", "1e-5", "3e-5", "1e-4", "3e-4"]  # ... extended alo
 PRM_GRID = [(1, "0.05"), (1, "1.0"), (3, "0.05"), (3, "1.0")]   # (PRM lr / policy lr, beta)
 SEEDS = [1, 2, 3, 4, 5]
 SCORE_EVALS = 3       # a grid run's score: the mean validation sampled accuracy of its last 3 evaluations
-COLLAPSE = 0.5        # a run collapsed when its held-out greedy accuracy ends below half its start's
 PHASES = ["lr", "prm", "seeds"]
-LABELS = {"rloo": "outcome-only", "prime": "PRIME"}
 _RECORD = threading.Lock()  # two runs finish at once: one writer of study.json at a time
 
 
@@ -220,7 +220,8 @@ def record(study_path: Path, name: str, setting: dict, paths: dict, run_dir: Pat
                                  summary["end_accuracy"]],
               "heldout_sampled": [summary["start_sampled_accuracy"], *(m["heldout_sampled_accuracy"] for m in evals),
                                   summary["end_sampled_accuracy"]]}
-    entry = {"setting": setting, "code": code, "flags": run["config"], "start_sha256": paths["start_sha256"],
+    flags = {k: runlog.portable(v) if k in ("model", "data", "model_path") else v for k, v in run["config"].items()}
+    entry = {"setting": setting, "code": code, "flags": flags, "start_sha256": paths["start_sha256"],
              "data_sha256": paths["data_sha256"], "summary": summary, "curves": curves}
     with _RECORD:
         study = read_study(study_path)
@@ -340,8 +341,9 @@ def seed_runs(task: str, study: dict) -> dict[str, dict[int, dict]]:
 
 
 def collapsed(run: dict) -> bool:
+    """stats.collapsed on a recorded run's held-out greedy curve (its first point is the start)."""
     greedy = run["curves"]["heldout_greedy"]
-    return greedy[-1] < COLLAPSE * greedy[0]
+    return stats.collapsed(greedy[0], greedy[-1])
 
 
 def start_of(run: dict) -> tuple:
@@ -471,7 +473,7 @@ def main(argv=None) -> None:
     args, args.train_args = parser.parse_known_args(argv)  # the rest goes to every train.py run
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: must be >= 1")
-    # threads a run: OMP_NUM_THREADS where it is set (as reproduce.run_all), else the cores split between the jobs
+    # threads a run: OMP_NUM_THREADS where it is set (as runner.run_all), else the cores split between the jobs
     args.steps = STEPS
     args.threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // args.jobs))
     if not args.report_only:

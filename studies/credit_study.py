@@ -2,13 +2,13 @@
 PRM capture? Along a dial of task settings (chain length, slip rate), outcome-only RLOO vs the exact
 step checker (a perfect process signal) vs the implicit PRM, under several advantage constructions.
 
-    python credit_study.py                                                # every setting's arms, 5 seeds, 70 steps
-    python credit_study.py --settings sparse --arms outcome-nf step-nf    # a part of it
-    python credit_study.py --settings sparser --arms outcome-nf step-nf-gamma --tag gamma   # its own plot
-    python credit_study.py --report-only                                  # tables and plots from finished runs
-    python credit_study.py --gradients runs/e1/prime-s1                   # policy-gradient statistics per construction
-    python credit_study.py --paired-from-json                             # paired verdicts of the recorded runs
-    python credit_study.py --plots-from-json                              # the study's figures from credit.json
+    python studies/credit_study.py                                                # every setting's arms, 5 seeds, 70 steps
+    python studies/credit_study.py --settings sparse --arms outcome-nf step-nf    # a part of it
+    python studies/credit_study.py --settings sparser --arms outcome-nf step-nf-gamma --tag gamma   # its own plot
+    python studies/credit_study.py --report-only                                  # tables and plots from finished runs
+    python studies/credit_study.py --gradients runs/e1/prime-s1                   # policy-gradient statistics per construction
+    python studies/credit_study.py --paired-from-json                             # paired verdicts of the recorded runs
+    python studies/credit_study.py --plots-from-json                              # the study's figures from credit.json
 
 Research code beside the papers' comparisons (reproduce.py, whose runner it uses): each arm is a
 plain `python train.py` run in runs/repro/credit-<setting>-<arm>-s<seed>/. The per-seed numbers go
@@ -28,6 +28,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 from safetensors.torch import load_file  # noqa: E402
 
+from runner import (ARMS, LABELS, REPO, build_sft, load_finished, merge_json, parse_study_args, run_all,  # noqa: E402
+                    same_parser, save_figure, series, steps_to_reach, train_config)  # (first: it puts the repository on the path)
 import ddp  # noqa: E402
 import microbatch  # noqa: E402
 import models as run_models  # noqa: E402
@@ -37,10 +39,9 @@ import toy_task  # noqa: E402
 import torch  # noqa: E402
 import train  # noqa: E402
 from rollout import HFRollout  # noqa: E402
-from reproduce import (ARMS, CLAIM_SEEDS, CLAIM_T, CLAIM_T_STRONG, COLLAPSED, LABELS, NULL_RATE, REPO, build_sft, fmt, load_finished, merge_json, paired,  # noqa: E402
-                       paired_cells, paired_text, parse_study_args, run_all, same_parser, save_figure, series, steps_to_reach,
-                       train_config)
 from runlog import moving_average, nanmean  # noqa: E402
+from stats import (CLAIM_SEEDS, CLAIM_T, CLAIM_T_STRONG, NULL_RATE, collapsed, fmt, paired, paired_cells,  # noqa: E402
+                   paired_text)
 
 
 # The dial: chain length and the SFT demonstrator's slip rate. Longer chains and more slips make a
@@ -253,7 +254,7 @@ CREDIT_LABELS = {
     "implicit-nf-e1-teacher-frozen": "frozen teacher PRM, local",
     "implicit-nf-mixed-e1-freeze20": "PRIME, local, PRM frozen at step 20",
 }
-# What `python credit_study.py` runs in each setting (5 seeds each); the rest of CREDIT_ARMS are
+# What `python studies/credit_study.py` runs in each setting (5 seeds each); the rest of CREDIT_ARMS are
 # there to be run with --arms. The dense settings get the three process sources with PRIME's filter;
 # the sparse one, where the first trials found a lead, gets every construction.
 CREDIT = {
@@ -484,7 +485,7 @@ def missing_arms(name: str, recorded: dict) -> list[str]:
 
 def ends_plot(name: str, recorded: dict, figures: Path) -> Path:
     """One of ENDS_FIGURES from credit.json: left, each arm's held-out sampled accuracy at the end, a dot
-    a seed (x: a collapsed run, greedy below COLLAPSED), a bar at the mean, grey: the start; right, the
+    a seed (x: a collapsed run, stats.collapsed), a bar at the mean, grey: the start; right, the
     arm minus its outcome-only baseline paired by seed (CREDIT_ARMS' baseline), a dot a seed and the
     mean with its 95% interval, coloured by the verdict of the one rule (a difference with a collapsed
     run gets no interval: its verdict is the sign count, as in --paired-from-json)."""
@@ -496,19 +497,21 @@ def ends_plot(name: str, recorded: dict, figures: Path) -> Path:
     rows = np.arange(len(arms))[::-1]  # the first arm on top
     for y, arm in zip(rows, arms):
         ends, greedy = per_seed(stats[arm]), per_seed(stats[arm], "end_greedy")
+        start = per_seed(stats[arm], "start_greedy")
         for seed, value in ends.items():
-            axes[0].scatter(value, y, marker="x" if greedy[seed] < COLLAPSED else "o", s=22, color="C0", alpha=0.7)
+            axes[0].scatter(value, y, marker="x" if collapsed(start[seed], greedy[seed]) else "o", s=22, color="C0",
+                            alpha=0.7)
         axes[0].scatter(np.mean(list(ends.values())), y, marker="|", s=300, color="black")
         axes[0].scatter(np.mean(stats[arm]["start_sampled"]), y, marker="|", s=300, color="grey", alpha=0.6)
         baseline = CREDIT_ARMS[arm]["baseline"]
         if baseline == arm or baseline not in stats:
             continue
         p = paired(ends, per_seed(stats[baseline]))
-        collapsed = any(collapsed_runs(stats[arm], stats[baseline], p["seeds"]))
-        color = "grey" if collapsed else VERDICT_COLORS.get(p["verdict"], "grey")
+        fell = any(collapsed_runs(stats[arm], stats[baseline], p["seeds"]))
+        color = "grey" if fell else VERDICT_COLORS.get(p["verdict"], "grey")
         axes[1].scatter(p["diffs"], [y] * len(p["diffs"]), s=22, color=color, alpha=0.7)
         lo, hi = p["ci95"]
-        if collapsed or math.isnan(lo):
+        if fell or math.isnan(lo):
             label = f"{p['mean']:+.3f}, {p['up']}/{len(p['seeds'])} up, sign test p {p['sign_p']:.2f} (a run collapsed: no t)"
         else:
             axes[1].plot([lo, hi], [y, y], color=color, lw=2)
@@ -522,7 +525,7 @@ def ends_plot(name: str, recorded: dict, figures: Path) -> Path:
     axes[1].set_xlabel("minus outcome-only at the same filter, lr and K, paired by seed\n(bar: mean; line: "
                        "its 95% interval; colour: the verdict)", fontsize=8)
     fig.suptitle(f"{setting}: the end of every run, {len(stats[arms[0]]['seeds'])} seeds "
-                 f"(`python credit_study.py --plots-from-json`: ends-{name}.png)", fontsize=9)
+                 f"(`python studies/credit_study.py --plots-from-json`: ends-{name}.png)", fontsize=9)
     return save_figure(fig, figures, f"ends-{name}")
 
 
@@ -564,7 +567,7 @@ def run_weight_change(run: dict) -> float:
 
 
 def credit_main(args) -> None:
-    """`python credit_study.py`: run the study's missing runs, then a table and a plot per dial setting."""
+    """`python studies/credit_study.py`: run the study's missing runs, then a table and a plot per dial setting."""
     plan = credit_runs(args.settings, args.arms)
     if not args.report_only:
         configs = {(s, a): train_config([*args.train_args, *flags, "--steps", str(args.steps)]) for s, a, flags in plan}
@@ -724,17 +727,17 @@ QUOTED_PAIRS = [
 
 
 def collapsed_runs(arm: dict, against: dict, seeds: list[int]) -> list[int]:
-    """How many of `seeds`' runs of each side collapsed (greedy below COLLAPSED at the end; 0 where
-    the stats have no greedy accuracy)."""
-    return [sum(g < COLLAPSED for s, g in per_seed(x, "end_greedy").items() if s in seeds) if "end_greedy" in x
-            else 0 for x in (arm, against)]
+    """How many of `seeds`' runs of each side collapsed (stats.collapsed: greedy below half its start's
+    at the end; 0 where the stats have no greedy accuracy)."""
+    return [sum(collapsed(start, end) for s, start, end in zip(x["seeds"], x["start_greedy"], x["end_greedy"])
+                if s in seeds) if "end_greedy" in x else 0 for x in (arm, against)]
 
 
 def paired_from_json(recorded: dict) -> str:
     """Every recorded arm against its outcome-only baseline, and the QUOTED_PAIRS, paired by seed, from
-    credit.json alone: the verdicts the study's text may state (reproduce.paired), the 95% interval of
+    credit.json alone: the verdicts the study's text may state (stats.paired), the 95% interval of
     the difference (what "no difference" may mean), and how many runs of each side collapsed (greedy
-    below COLLAPSED at the end). A difference with a collapsed run is bimodal, so its t is not
+    below half its start's at the end, stats.collapsed). A difference with a collapsed run is bimodal, so its t is not
     trusted: its verdict is the sign count and the sign test's p instead. Ends with the family: how
     many tests had enough seeds, and how many false claims the rule and the strong threshold expect
     among them if no difference were real."""
@@ -747,13 +750,13 @@ def paired_from_json(recorded: dict) -> str:
     for setting, arm, against in pairs:
         a, b = recorded[setting][arm], recorded[setting][against]
         p = paired(per_seed(a), per_seed(b))
-        collapsed = collapsed_runs(a, b, p["seeds"])
-        text, interval = paired_cells(p, any(collapsed))
-        if not (any(collapsed) and len(p["seeds"]) > 1) and p["verdict"] != "too few seeds":
+        fell = collapsed_runs(a, b, p["seeds"])
+        text, interval = paired_cells(p, any(fell))
+        if not (any(fell) and len(p["seeds"]) > 1) and p["verdict"] != "too few seeds":
             family += 1
             strong += abs(p["t"]) >= CLAIM_T_STRONG and p["verdict"] in ("up", "down")
         lines.append(f"| {setting} | {CREDIT_LABELS[arm]} | {CREDIT_LABELS[against]} | {len(p['seeds'])} | {text} | "
-                     f"{interval} | {collapsed[0]} / {collapsed[1]} |")
+                     f"{interval} | {fell[0]} / {fell[1]} |")
     lines.append(f"\n{family} differences with {CLAIM_SEEDS}+ seeds and no collapse were tested (t). If none were real, "
                  f"the rule (|t| >= {CLAIM_T:g}, every sign alike) would make {family * NULL_RATE[CLAIM_T]:.1f} false "
                  f"claims among them, |t| >= {CLAIM_T_STRONG:g} {family * NULL_RATE[CLAIM_T_STRONG]:.2f}; "
@@ -881,7 +884,7 @@ def slip_report(scores: dict) -> str:
 
 
 def slip_main(args) -> None:
-    """`python credit_study.py --slip-rewards`: the arms' runs to step 40 (those not there), then each
+    """`python studies/credit_study.py --slip-rewards`: the arms' runs to step 40 (those not there), then each
     seed's scores of the arms slip.json lacks into --figures/slip.json, and the paired table."""
     args.steps = SLIP_STEPS[-1]
     if not args.report_only:
@@ -939,7 +942,7 @@ def main(argv=None):
 
 
 def gradients_main(args) -> None:
-    """`python credit_study.py --gradients [RUN_DIR ...]`: the table, gradients.json and gradients.png."""
+    """`python studies/credit_study.py --gradients [RUN_DIR ...]`: the table, gradients.json and gradients.png."""
     results = {}
     run_dirs = list(map(Path, args.gradients))
     # the SFT start of the first run's task (the default task without a run), then each run's end
