@@ -744,6 +744,10 @@ def paired_from_json(recorded: dict) -> str:
     pairs = [(setting, arm, CREDIT_ARMS[arm]["baseline"]) for setting, stats in recorded.items() for arm in stats
              if arm != CREDIT_ARMS[arm]["baseline"] and CREDIT_ARMS[arm]["baseline"] in stats]
     pairs += [q for q in QUOTED_PAIRS if q[0] in recorded and q[1] in recorded[q[0]] and q[2] in recorded[q[0]]]
+    # a pair of two runs that are a comparison's own (the default's PRIME and outcome-only are
+    # prime-vs-rloo's runs) is that comparison's difference: counted there, once, not in this family
+    shared = [q for q in pairs if not any(credit_run_name(q[0], arm).startswith("credit-") for arm in q[1:])]
+    pairs = [q for q in pairs if q not in shared]
     lines = ["| setting | arm | against | seeds | end sampled difference, paired | 95% interval | "
              "runs collapsed (arm / against) |", "| --- | --- | --- | --- | --- | --- | --- |"]
     family = strong = 0
@@ -757,6 +761,10 @@ def paired_from_json(recorded: dict) -> str:
             strong += abs(p["t"]) >= CLAIM_T_STRONG and p["verdict"] in ("up", "down")
         lines.append(f"| {setting} | {CREDIT_LABELS[arm]} | {CREDIT_LABELS[against]} | {len(p['seeds'])} | {text} | "
                      f"{interval} | {fell[0]} / {fell[1]} |")
+    for setting, arm, against in shared:
+        lines.append(f"\n{setting}: {CREDIT_LABELS[arm]} - {CREDIT_LABELS[against]} are the runs of "
+                     f"`studies/reproduce.py` ({credit_run_name(setting, arm)}, {credit_run_name(setting, against)}): "
+                     "its difference is counted there, not here.")
     lines.append(f"\n{family} differences with {CLAIM_SEEDS}+ seeds and no collapse were tested (t). If none were real, "
                  f"the rule (|t| >= {CLAIM_T:g}, every sign alike) would make {family * NULL_RATE[CLAIM_T]:.1f} false "
                  f"claims among them, |t| >= {CLAIM_T_STRONG:g} {family * NULL_RATE[CLAIM_T_STRONG]:.2f}; "

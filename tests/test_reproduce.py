@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import credit_study
+import real_study
 import reproduce
 import runlog
 import runner
@@ -459,3 +461,75 @@ def test_plots_from_json_draws_every_study_figure_from_the_shipped_numbers(tmp_p
         credit_study.ends_plot("sparser-k", {"sparser": {"outcome-nf": {}}}, tmp_path)
     assert credit_study.checkpoint_label("credit-sparser-implicit-nf-mixed-e1-s2 step 20") == "PRIME, local, seed 2, step 20"
     assert credit_study.checkpoint_label("prime-s1 step 70") == "PRIME, seed 1, step 70"
+
+
+def claim_cells(printed: tuple[str, str, str]) -> list[str]:
+    """A printer's (difference text, interval, runs collapsed) as the claims table writes it: points with
+    one decimal, t with one, the verdict bold at |t| >= 5; a collapsed pair as its sign count."""
+    text, interval, fell = printed
+    diff, t, up, seeds, rest = re.match(r"([+-]\d+\.\d+) \((?:t (\S+), )?(\d+)/(\d+) up; (.*)\)$", text).groups()
+    points = f"{100 * float(diff):+.1f}"
+    if "bimodal" in rest:
+        p = re.search(r"p (\d\.\d\d)", rest).group(1)
+        return [points, f"collapsed ({fell.split(' / ')[0]} of {seeds} runs)", "", f"{up}/{seeds}, p {p}", "none"]
+    lo, hi = (100 * float(x) for x in interval.strip("[]").split(", "))
+    strong = rest in ("up", "down") and abs(float(t)) >= stats.CLAIM_T_STRONG
+    return [points, f"[{lo:+.1f}, {hi:+.1f}]", f"{float(t):.1f}", f"{up}/{seeds}", f"**{rest}**" if strong else rest]
+
+
+def printed_pairs(text: str, section: str) -> dict:
+    """(section, setting, arm, against) -> (difference text, interval, runs collapsed) of a printer's table."""
+    out = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[3].isdigit():
+            setting = cells[0] if section == "4" else "default"
+            out[(section, setting, cells[1], cells[2])] = (cells[4], cells[5], cells[6])
+    return out
+
+
+def test_every_row_of_the_claims_table_is_what_the_printers_print():
+    """docs/REPRODUCTION.md's table of claims, row by row, against what the code prints from the shipped
+    JSON: sections 2 and 4 by the two --paired-from-json printers, section 3 by real_study's verdicts and
+    stats.paired on the untuned runs. The slip test's row is left out (slip.json records no greedy
+    accuracy, so its collapse cannot be checked from it)."""
+    figures = REPO / "docs" / "figures"
+    printed = printed_pairs(reproduce.paired_from_json(json.loads((figures / "results.json").read_text()),
+                                                       list(reproduce.COMPARISONS)), "2")
+    printed |= printed_pairs(credit_study.paired_from_json(json.loads((figures / "e1" / "credit.json").read_text())), "4")
+    study = json.loads((figures / "real" / "study.json").read_text())
+    for task, setting in (("sums2", "SmolLM2, two-digit sums, tuned per arm"),
+                          ("chains", "SmolLM2, five-number chains with steps, tuned per arm")):
+        v = real_study.verdicts(task, study)["end sampled"]
+        printed[("3", setting, "PRIME", "outcome-only")] = (v["text"], v["interval"], "0 / 0")
+    untuned = json.loads((figures / "real" / "smollm2-sums2.json").read_text())
+    ends = {arm: {int(name.rsplit("-s", 1)[1]): run["summary"]["end_sampled_accuracy"]
+                  for name, run in untuned.items() if name.startswith(f"{arm}-s")} for arm in ("prime", "rloo")}
+    text, interval = stats.paired_cells(stats.paired(ends["prime"], ends["rloo"]), False)
+    printed[("3", "SmolLM2, two-digit sums, untuned", "PRIME", "outcome-only")] = (text, interval, "0 / 0")
+
+    page = (REPO / "docs" / "REPRODUCTION.md").read_text()
+    table = page[page.index("| § | setting | arm | against |"):].split("\n\n")[0].splitlines()[2:]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table]
+    checked = 0
+    for section, setting, arm, against, *cells in rows:
+        key = (section.split(".")[0], setting, arm, against)
+        if setting.startswith("sparser, slip test"):
+            continue
+        if arm == "each of its 5 other arms":  # the default's other arms against outcome-only, in one row
+            others = [v for k, v in printed.items() if k[:2] == ("4", "default") and k[3] == against]
+            assert len(others) == 5
+            diffs = [100 * float(v[0].split()[0]) for v in others]
+            lows = [100 * float(v[1].strip("[]").split(", ")[0]) for v in others]
+            highs = [100 * float(v[1].strip("[]").split(", ")[1]) for v in others]
+            ts = [abs(float(re.search(r"t (\S+),", v[0]).group(1))) for v in others]
+            assert cells == [f"{min(diffs):+.1f} to {max(diffs):+.1f}", f"within [{min(lows):+.1f}, {max(highs):+.1f}]",
+                             f"at most {max(ts):.1f}", "", "none"]
+            assert all(v[0].endswith("; none)") for v in others)
+        else:
+            assert key in printed, f"row {key}: no printer prints this pair"
+            assert cells == claim_cells(printed[key]), key
+        checked += 1
+    assert checked == len(rows) - 1 >= 40
+    # each comparison once: no pair stands in two rows
+    assert len({tuple(r[:4]) for r in rows}) == len(rows)
