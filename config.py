@@ -103,7 +103,7 @@ class Args:
     process_groups: str = "all"
     """which kept groups receive process rewards: 'all' (the paper) or 'mixed' (only groups with both right and wrong responses; the others train on their outcome advantage alone, 0 under RLOO): where a process signal's harm enters (issue 29, E5)"""
     prm_init: str = ""
-    """the implicit PRM's starting weights: empty = the SFT checkpoint, as the reference (paper Sec. 3.3); 'teacher' = the embedded clean demonstrator (or --teacher's model); or a path. The reference stays the SFT model, so rewards start at log(pi_init / pi_sft), a prover other than the policy (issue 29, E7)"""
+    """the implicit PRM's starting weights: empty = the SFT checkpoint, as the reference (paper Sec. 3.3); 'teacher' = the embedded clean demonstrator (or --teacher's model); or a path. The reference stays the SFT model, so rewards start at log(pi_init / pi_sft), a prover other than the policy (the credit study's teacher-started PRM)"""
     teacher: str = ""
     """--process opd/gopd: a frozen causal LM on the policy's tokenizer; empty = the embedded toy teacher (a longer SFT)"""
     teacher_sft_steps: int = toy_task.TEACHER_SFT_STEPS
@@ -113,7 +113,7 @@ class Args:
     step_scorer: str = "toy"
     """--process step: 'toy' (the embedded task's exact step checker), 'toy-first' (the same checker marking only the first wrong line wrong: the most an outcome-trained PRM could tell), 'chains' (the exact checker of a `data.py chains` file) or the path of an HF step PRM (e.g. Qwen2.5-Math-PRM-7B)"""
     step_noise: float = 0.0
-    """--process step: add N(0, SD^2) noise to every step score (seeded by --seed and the step): a perfect checker made as noisy as a learned PRM (issue 29, E4)"""
+    """--process step: add N(0, SD^2) noise to every step score (seeded by --seed and the step): a perfect checker made as noisy as a learned PRM (the credit study's noisy checker)"""
     step_separator: str = ""
     """--process step with an HF step PRM: where steps split; empty = blank lines, as Qwen2.5-Math-PRM"""
     pass_preset: str = "math"

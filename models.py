@@ -41,7 +41,7 @@ def build_models(args: Args, d: Dist) -> Models:
     """Load the policy and whatever --process and --estimator need, on the device, with AdamW each."""
     path, policy, tokenizer = load_model_and_tokenizer(args, d)
     m = Models(path, tokenizer, policy, policy_opt=None)
-    if args.process == "implicit":  # from the SFT checkpoint, or --prm-init's model (E7: another prover)
+    if args.process == "implicit":  # from the SFT checkpoint, or --prm-init's model (the credit study's other prover)
         m.prm = AutoModelForCausalLM.from_pretrained(prm_start(args, path, tokenizer, d),
                                                      dtype=torch.float32).to(d.device).train()
     if args.estimator == "ppo":  # PPO's critic: the SFT backbone with a fresh scalar head

@@ -20,7 +20,8 @@ This file holds the loop and its steps; the plumbing: config, ddp, models, micro
 
 Simplifications relative to the paper's setup (each one a choice a reader should know about):
     1. Plain DDP on one process per GPU; no FSDP/ZeRO, so a model must fit with its gradients and
-       AdamW states (fp32) on one GPU, twice (policy and PRM). An estimate is printed up front.
+       AdamW states (fp32) on one GPU, twice (policy and PRM; --offload-optimizer keeps the moments in
+       CPU memory between updates). An estimate is printed up front.
     2. By default (--filter-mode shrink) the filter trains on what survives from a fixed number of
        sampled prompts; --filter-mode refill (the presets) samples more until the batch is full, as
        the official code. Ranks keep different numbers of groups; the shorter ranks run zero-weight
@@ -192,6 +193,10 @@ def with_plans(b: Batch, args: Args, d: Dist) -> Batch:
 # ---------------------------------------------------------------------------------------------------
 
 
+RAW = 1.0  # Eq. 3's beta, passed as 1 (the raw log-ratio): process_rewards scales it later, by beta (the paper) or
+# by the batch's largest return (the official code, where beta has no effect); the PRM's loss takes beta itself
+
+
 def implicit_prm_step(prm, prm_opt, b: Batch, logp_ref, args: Args, d: Dist, update: bool = True):
     """Implicit process rewards log(pi_phi / pi_ref) per token (B, R), and the PRM's CE (or DPO) update.
 
@@ -202,7 +207,7 @@ def implicit_prm_step(prm, prm_opt, b: Batch, logp_ref, args: Args, d: Dist, upd
     rest of the n_train rows get their rewards from a gradient-free forward of the same PRM."""
     mask = b.mask
     if not update:
-        return prime.implicit_process_reward(logprobs_no_grad(unwrap(prm), b.ro, args), logp_ref, mask, 1.0), []
+        return prime.implicit_process_reward(logprobs_no_grad(unwrap(prm), b.ro, args), logp_ref, mask, RAW), []
     logp_prm_store = torch.zeros_like(mask)
     if b.n_prm < b.n_train:  # rows the PRM does not learn from: rewards from the pre-update PRM too
         logp_prm_store[b.n_prm:b.n_train] = logprobs_no_grad(unwrap(prm), b.ro.select(slice(b.n_prm, b.n_train)),
@@ -220,7 +225,7 @@ def implicit_prm_step(prm, prm_opt, b: Batch, logp_ref, args: Args, d: Dist, upd
     losses = run_update(prm, prm_opt, prm_loss_fn, lambda mb: len(mb.rows), b.prm_plan, args, d, args.prm_grad_clip)
     if args.prm_update == "before":  # double forward: rewards from the updated PRM
         logp_prm_store = logprobs_no_grad(unwrap(prm), b.ro, args)
-    return prime.implicit_process_reward(logp_prm_store, logp_ref, mask, 1.0), losses
+    return prime.implicit_process_reward(logp_prm_store, logp_ref, mask, RAW), losses
 
 
 def reference_logprobs(args: Args, models: Models, b: Batch, logp_old):
@@ -267,7 +272,7 @@ def process_signal(args: Args, models: Models, b: Batch, logp_old, logp_ref, d: 
     elif args.process == "step":
         step_scores, step_ids = step_prm.step_scores_and_ids(models.step_scorer, models.tokenizer, b.questions,
                                                              b.texts, b.ro.response_ids, b.ro.response_mask)
-        if args.step_noise:  # E4: the checker as noisy as a learned PRM; a draw per (seed, step, rank)
+        if args.step_noise:  # the credit study's noisy checker, as noisy as a learned PRM; a draw per (seed, step, rank)
             step_scores = step_prm.add_step_noise(step_scores, step_ids, args.step_noise,
                                                   (args.seed * 1_000_003 + step) * 1024 + d.rank)
         step_scores, step_ids = step_scores.to(d.device), step_ids.to(d.device)
@@ -505,19 +510,14 @@ def main(argv=None):
                                                               (tasks, ro, texts, scores, outcome), times)
         sampler.sleep()  # --vllm-sleep: sampling is done, the engine's GPU memory goes to the updates
         b, n_kept_groups = kept_batch(ro, outcome, texts, tasks, args, d)
-        with timed(times, "policy"):  # old and reference log-probs, in the micro-batches of the updates they pair with
+        with timed(times, "policy"):  # pi_old: Eq. 6's ratio's denominator (and OPD's student, a reference at T = 1)
             logp_old = logprobs_no_grad(unwrap(models.policy), b.ro, args, args.temperature, b.plan) \
                 if needs_old_logprobs(args, models, b.ro) else None  # else the update's own forward gives them
-            logp_ref = reference_logprobs(args, models, b, logp_old)
-            is_weights, mismatch = rollout_correction(args, b, logp_old)  # vLLM sampled: pi_old / pi_vllm
 
         # 4. Process signal: the implicit PRM's rewards (Eq. 3) and its CE update (lines 7-8) ------
-        with timed(times, "prm"):
+        with timed(times, "prm"):  # pi_ref in the PRM update's micro-batches, then the PRM
+            logp_ref = reference_logprobs(args, models, b, logp_old)
             signal, sequence_score, step_ids, prm_losses = process_signal(args, models, b, logp_old, logp_ref, d, step)
-            checked_steps, first_wrong = step_prm.checker_steps(tokenizer, b.questions, b.texts, b.ro,
-                                                                embedded=not args.data)  # an exact checker's verdict
-            localized, n_wrong, right_slipped, n_right = step_prm.checker_diagnostics(  # over the training rows
-                None if args.process == "none" else signal, checked_steps, first_wrong, b.outcome, b.n_train)
 
         # 5. Advantages, Eq. 5 (line 9), with the whole batch's statistics over all ranks ------------
         process = process_rewards(args, signal, step_ids, b.train_mask, b.outcome, d)  # (B, R) per-token rewards
@@ -526,10 +526,18 @@ def main(argv=None):
 
         # 6. PPO clip update of the policy, Eq. 6 (line 10), and the sampler's weights (line 11) ----
         with timed(times, "policy"):  # (PPO: the policy stays frozen while the critic warms up)
+            is_weights, mismatch = rollout_correction(args, b, logp_old)  # vLLM sampled: pi_old / pi_vllm per token
             policy_losses = update_policy(args, models, b, logp_old, adv, is_weights, d) \
                 if step >= args.critic_warmup_steps else []
             value_losses = update_critic(args, models, b, ppo_targets, d) if models.critic is not None else []
             sampler.push_weights(unwrap(models.policy))  # (wakes a sleeping engine)
+
+        # Diagnostics, not steps of the algorithm: where an exact checker knows the steps (the embedded
+        # task, data.py's chains and sums), does the process signal blame the first wrong one, and how
+        # many right answers went through a wrong step (the training rows only)
+        checked_steps, first_wrong = step_prm.checker_steps(tokenizer, b.questions, b.texts, b.ro, embedded=not args.data)
+        localized, n_wrong, right_slipped, n_right = step_prm.checker_diagnostics(
+            None if args.process == "none" else signal, checked_steps, first_wrong, b.outcome, b.n_train)
 
         # 7. Log and checkpoint -----------------------------------------------------------------------
         prm_accuracy, prm_groups = pairwise_accuracy_sum(sequence_score, b.outcome, b.n_train, args)
