@@ -13,7 +13,7 @@ actor-token segments": every policy token belongs to exactly one step.
 
 Three scorers:
     ToyStepChecker  the exact, rule-based checker of the embedded arithmetic task (one step per line,
-                    toy_task.check_steps): a perfect step PRM at laptop scale, nothing to download.
+                    toy_task.check_steps): an exact step checker at laptop scale, nothing to download.
     ToyFirstStepChecker  the same checker telling only where a response first went wrong (that line
                     0, every other 1): what an outcome-trained PRM could at best learn, since outcome
                     labels give every wrong response the same value (issue 29, E3).
