@@ -187,10 +187,13 @@ def step_metrics(args, step: int, sums: dict, kept_per_rank: list, losses: dict)
 
 
 def run_label(args) -> str:
-    """What runs, for the progress bar: 'PRIME' only for RLOO with the online implicit PRM."""
+    """What runs, for the progress bar, by the arms' names: 'PRIME' for RLOO with the online implicit PRM,
+    'outcome-only' for RLOO without a process reward."""
     if args.estimator == "rloo" and args.process == "implicit" and args.prm_online:
         return "PRIME"
-    source = {"implicit": "implicit PRM" + ("" if args.prm_online else " (offline)"), "none": "outcome only",
+    if args.estimator == "rloo" and args.process == "none":
+        return "outcome-only"
+    source = {"implicit": "implicit PRM" + ("" if args.prm_online else " (offline)"), "none": "outcome-only",
               "opd": "OPD", "gopd": "G-OPD", "step": "step PRM"}[args.process]
     return f"{args.estimator.upper() if args.estimator != 'prm-value' else 'PRM-value'} + {source}"
 

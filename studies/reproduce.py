@@ -211,8 +211,8 @@ def sample_efficiency(rloo: list[dict], prime_runs: list[dict], window: int) -> 
         r = moving_average(series([a], "reward"), window)[0]
         p = moving_average(series([b], "reward"), window)[0]
         reach = steps_to_reach([b], r[-1], window)[0]  # full windows only: early means are too noisy
-        lines.append(f"seed {a['config']['seed']}: RLOO final {r[-1]:.3f}, PRIME final {p[-1]:.3f}; PRIME reaches "
-                     f"RLOO's final reward at step {reach if reach else 'never'} of {len(p)}")
+        lines.append(f"seed {a['config']['seed']}: outcome-only final {r[-1]:.3f}, PRIME final {p[-1]:.3f}; PRIME "
+                     f"reaches outcome-only's final reward at step {reach if reach else 'never'} of {len(p)}")
     return "\n".join(lines)
 
 

@@ -292,7 +292,7 @@ def test_paired_from_json_reads_every_arm_against_its_baseline():
     text = credit_study.paired_from_json(recorded)
     # step-nf: differences 0.05 and 0.07, mean 0.06, sd 0.01414, t = 0.06 / 0.01 = 6.0;
     # 95% interval 0.06 +- 12.706 x 0.01 = [-0.067, +0.187]
-    assert ("| sparse | RLOO + step checker, no filter | outcome-only, no filter | 2 | +0.060 (t 6.0, 2/2 up; "
+    assert ("| sparse | exact step checker, no filter | outcome-only, no filter | 2 | +0.060 (t 6.0, 2/2 up; "
             "too few seeds) | [-0.067, +0.187] | 0 / 0 |") in text
     assert "| sparse | PRIME, no filter, PRM on mixed groups | outcome-only, no filter | 1 | -0.010 (one seed) | n/a |" in text
     assert "| sparse | outcome-only, no filter |" not in text  # the baseline itself has no row

@@ -547,7 +547,8 @@ def test_sampled_heldout_accuracy_near_zero_temperature_equals_greedy_and_keeps_
 
 def test_progress_bar_names_what_runs():
     assert runlog.run_label(config.Args()) == "PRIME"
-    assert runlog.run_label(config.Args(process="none")) == "RLOO + outcome only"
+    assert runlog.run_label(config.Args(process="none")) == "outcome-only"
+    assert runlog.run_label(config.Args(process="none", estimator="grpo")) == "GRPO + outcome-only"
     assert runlog.run_label(config.Args(estimator="pass", process="step")) == "PASS + step PRM"
 
 
