@@ -83,3 +83,41 @@ def test_no_shipped_record_names_a_machines_folder():
     found = [str(p.relative_to(REPO)) for p in sorted((REPO / "docs" / "figures").rglob("*.json"))
              if absolute.search(p.read_text())]
     assert not found, found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Which of the repository's modules (the root's and studies/') each one imports, anywhere in it."""
+    import ast
+
+    modules = {p.stem: p for p in [*REPO.glob("*.py"), *(REPO / "studies").glob("*.py")]}
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+        graph[name] = found & set(modules) - {name}
+    return graph
+
+
+def test_imports_point_one_way():
+    """No module imports one that imports it back, directly or through others; no module of the system
+    (the root) imports a study (studies/), and studies/stats.py and studies/runner.py import no study."""
+    graph = import_graph()
+    studies = {p.stem for p in (REPO / "studies").glob("*.py")}
+    assert {"reproduce", "real_study", "credit_study", "stats", "runner", "train", "prime"} <= set(graph)
+
+    def reaches(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    circles = sorted(name for name in graph if name in reaches(name))
+    assert not circles, f"import circles through {circles}"
+    assert not {name: graph[name] & studies for name in set(graph) - studies if graph[name] & studies}
+    assert not (graph["stats"] | graph["runner"]) & {"reproduce", "real_study", "credit_study"}
