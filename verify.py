@@ -287,15 +287,19 @@ _SET_WORDS = r"(?:\s+(?:be|equal|equals|to|the|a|answer|sum|result|value|total|e
 _DENIAL = re.compile(r"(?:\bnot\b|n't\b|\bnever\b|\\neq?(?![a-zA-Z])|≠|!=)" + _SET_WORDS, re.IGNORECASE)
 
 
+def _as_a_whole(answer: str):
+    """The answer's text as a pattern of a whole value, not a piece of a longer number ("108" is not in
+    "1080" or "108.5"); None for an empty answer."""
+    value = re.escape(answer.strip().strip("$").strip())
+    return re.compile(rf"(?<![\d.]){value}(?!\d|[.,]\d)") if value else None
+
+
 def denied(answer: str, response: str) -> bool:
     """Whether the response denies the answer math-verify read from it: the answer's text stands right
     after a negation (_DENIAL), as a whole number, not the start of a longer one. "The answer is not
     108." denies 108; "It is 108, not 113." and "not 1080" do not."""
-    value = re.escape(answer.strip().strip("$").strip())
-    if not value:
-        return False
-    whole = re.compile(rf"{value}(?!\d|[.,]\d)")
-    return any(whole.match(response, m.end()) for m in _DENIAL.finditer(response))
+    whole = _as_a_whole(answer)
+    return whole is not None and any(whole.match(response, m.end()) for m in _DENIAL.finditer(response))
 
 
 def leaves_work_undone(parsed) -> bool:
@@ -394,8 +398,8 @@ _SENTENCE_BREAK = re.compile(r"[.!?](?=\s|$)|\n")
 
 def hedged(answer: str, response: str, gold_is_list: bool = False) -> bool:
     """Whether the sentence of `response` where the answer `answer` last stands hedges (see above)."""
-    value = re.escape(answer.strip().strip("$").strip())
-    found = [m for m in re.finditer(rf"(?<![\d.]){value}(?![\d]|[.,]\d)", response)] if value else []
+    whole = _as_a_whole(answer)
+    found = list(whole.finditer(response)) if whole else []
     if not found:
         return False
     start, end = found[-1].start(), found[-1].end()
@@ -947,8 +951,9 @@ def score_batch(responses: list[str], references: list, kinds: list[str], *, que
             if not isinstance(reference, str):
                 raise ValueError(f"references[{i}] (kind 'math') must be a gold answer string, "
                                  f"got {type(reference).__name__}")
-            # both graders: a box a negation denies is not the answer ("certainly not \\boxed{20}")
-            answer, _, reason = _last_box(without_denials(response))
+            # the official grader's last box is one no negation denies ("certainly not \\boxed{20}");
+            # math-verify's worker cuts the denials itself
+            answer, _, reason = _last_box(response if math_grader == "math-verify" else without_denials(response))
             formats[i] = math_format(response)
             if answer is not None and len(answer) > MAX_ANSWER_CHARS:  # both graders: never parsed
                 scores[i] = Score(0.0, formats[i], "answer_too_long")
