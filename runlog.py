@@ -54,8 +54,10 @@ def portable(path) -> str:
     """A path as a shipped record should hold it: relative to the repository when it is inside it
     ("/home/me/prime/.cache/smollm2" -> ".cache/smollm2"), so that no JSON the docs quote names one
     machine's folders; a path elsewhere (a hub name, another disk) unchanged."""
-    resolved = Path(path).resolve() if str(path) else Path(path)
-    return str(resolved.relative_to(REPO)) if str(path) and resolved.is_relative_to(REPO) else str(path)
+    if not str(path):
+        return str(path)
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)
 
 
 def replace_folder(tmp: Path, final: Path) -> None:

@@ -426,12 +426,17 @@ def choice_letter(gold: str) -> str:
     return m.group(1) if m else ""
 
 
+def box_letter(content: str) -> str:
+    """The option letter a box's content starts with as a label ("\\textbf{(D)}\\ 7" -> "D"), or ""."""
+    m = _CHOICE_BOX.match(content)
+    return next((g for g in m.groups() if g), "") if m else ""
+
+
 def answered_letter(response: str) -> str:
     """The option letter a response commits to (see above), or "" when it names none that way."""
     boxes = _boxes(response)
     if boxes:
-        m = _CHOICE_BOX.match(boxes[-1])
-        return next((g for g in m.groups() if g), "") if m else ""
+        return box_letter(boxes[-1])
     found = _CHOICE_WORDS.findall(response)
     return found[-1] if found else ""
 
@@ -732,7 +737,7 @@ def _math_equal(answer: str, gold: str, question: str = "") -> tuple[float, str]
     """--math-grader official: the extracted answer, parsed as a box's content, against the gold;
     verify(gold, answer) (not symmetric), then the readings of _equal. (reward, reason)."""
     if letter := choice_letter(gold):
-        return ((1.0, "ok") if answered_letter(f"\\boxed{{{answer}}}") == letter else (0.0, "wrong"))
+        return (1.0, "ok") if box_letter(answer) == letter else (0.0, "wrong")
     answer_parsed, gold_parsed = _parse_boxed(answer), _parse_boxed(gold)  # "\\boxed{173.}" answers 173
     if refused := not_an_answer(answer, gold, question, answer_parsed[0] if answer_parsed else None,
                                 gold_parsed[0] if gold_parsed else None):
