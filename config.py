@@ -165,6 +165,10 @@ class Args:
     """token budget of a micro-batch instead of a row count: rows grouped by length, each micro-batch at most N padded tokens (prompt + response); 0 = off (--micro-batch-size rows in order). The default's 128 rows go in 3 micro-batches with a quarter less padding than 2 of 64 rows: a quarter less time in every training pass on CPU"""
     loss_mean: str = "global"
     """'global': each optimizer step's loss is the token mean over its whole mini-batch, all ranks (Eq. 6; independent of the split); 'micro': the mean of micro-batch means (the official code, the paper's runs)"""
+    lora_rank: int = 0
+    """0: full fine-tuning. R > 0: the policy and the implicit PRM are two LoRA adapters of rank R (PEFT) on one frozen copy of the SFT model, which with the adapters off is the reference: no third copy (models.py, LoRA). Adapters on every linear layer of the decoder blocks (q, k, v, o, gate, up and down projections); the embeddings and the output layer stay frozen. With --precision bf16 the base is held in bf16, the adapters and their AdamW in fp32; vLLM gets the adapter after each update, never merged weights"""
+    lora_alpha: float = 32.0
+    """--lora-rank R: each adapter adds (alpha / R) B A x to its layer's output (LoRA Without Regret keeps alpha 32 at every rank; its RL learning rates are about 10x full fine-tuning's)"""
     gradient_checkpointing: bool = False
     """recompute activations in backward to save memory (big models)"""
     precision: str = field(default_factory=default_precision)
@@ -308,7 +312,7 @@ DOMAINS = dict(
     vllm_gpu_memory_utilization=(lambda v: 0 < v <= 1, "in (0, 1]"), save_every=AT_LEAST_1,
     rollout_correction_cap=(lambda v: v >= 1, ">= 1 (a cap below 1 would cut tokens the two engines agree on)"),
     eval_problems=AT_LEAST_1, eval_every=AT_LEAST_0, eval_samples=AT_LEAST_1, sft_steps=AT_LEAST_0,
-    episodes_per_step=AT_LEAST_0, step_noise=AT_LEAST_0, max_memory_gb=AT_LEAST_0, toy_slip=(lambda v: 0 <= v < 1, "in [0, 1)"),
+    lora_rank=AT_LEAST_0, lora_alpha=POSITIVE, episodes_per_step=AT_LEAST_0, step_noise=AT_LEAST_0, max_memory_gb=AT_LEAST_0, toy_slip=(lambda v: 0 <= v < 1, "in [0, 1)"),
 )
 
 
@@ -389,6 +393,12 @@ def check_args(args: Args) -> None:
             "knows the embedded task)")
     if args.pass_preset == "v1" and args.estimator == "pass" and args.process != "step":
         bad("--pass-preset v1 chunks by the step PRM's steps: it needs --process step")
+    if args.lora_rank and args.estimator == "ppo":
+        bad(f"--lora-rank {args.lora_rank} with --estimator ppo: PPO's critic is a whole model with a value head of "
+            "its own, not an adapter of the shared base; use full fine-tuning (--lora-rank 0) or another estimator")
+    if args.lora_rank and args.prm_init:
+        bad(f"--lora-rank {args.lora_rank} with --prm-init {args.prm_init}: the PRM is an adapter on the policy's "
+            "base, so it starts from that base (the paper's start); --prm-init needs --lora-rank 0")
     if args.resume and not args.run_name:
         bad("--resume needs --run-name of the run to continue")
     if args.resume and not (Path(args.out_dir) / args.run_name / "checkpoint" / "state.pt").exists():

@@ -56,7 +56,7 @@ def forward_sequences(model, ro: Rollout, **kwargs):
     widest response would pad twice). Positions come from the attention mask, so left padding does
     not shift them, exactly as in HF generate. Response token t of a row with L response tokens sits
     L - t columns from the end; to_response_columns puts it back in column t."""
-    device = next(model.parameters()).device
+    device = model.device if hasattr(model, "device") else next(model.parameters()).device  # DDP: no .device
     ids = torch.cat([ro.prompt_ids, ro.response_ids], 1)
     mask = torch.cat([ro.prompt_mask, ro.response_mask], 1)
     order = torch.argsort(mask, dim=1, stable=True)  # per row: padding first, then the real tokens in order

@@ -5,7 +5,9 @@
     models.policy, models.prm, models.reference, ...   # None where a flag does not use one
 
 Policy, PRM and reference all start from the SFT checkpoint (paper Sec. 3.3): `--model`, or the
-embedded tiny model's checkpoint (toy_task.sft_checkpoint: shipped, or trained on first use).
+embedded tiny model's checkpoint (toy_task.sft_checkpoint: shipped, or trained on first use). With
+--lora-rank R they are one frozen copy of it: the policy and the PRM two LoRA adapters on it, the
+reference the same weights with the adapters off (Adapter, below).
 """
 
 from dataclasses import dataclass
@@ -41,14 +43,19 @@ def build_models(args: Args, d: Dist) -> Models:
     """Load the policy and whatever --process and --estimator need, on the device, with AdamW each."""
     path, policy, tokenizer = load_model_and_tokenizer(args, d)
     m = Models(path, tokenizer, policy, policy_opt=None)
-    if args.process == "implicit":  # from the SFT checkpoint, or --prm-init's model (the credit study's other prover)
+    shared = with_adapters(policy, args) if args.lora_rank else None  # --lora-rank: one base, two adapters
+    if shared is not None:
+        policy = shared  # what moves to the device, trains, and gets the fp32 head and checkpointing below
+        m.policy = Adapter(shared, "policy")
+        m.prm = Adapter(shared, "prm") if args.process == "implicit" else None
+    elif args.process == "implicit":  # from the SFT checkpoint, or --prm-init's model (the credit study's other prover)
         m.prm = AutoModelForCausalLM.from_pretrained(prm_start(args, path, tokenizer, d),
                                                      dtype=torch.float32).to(d.device).train()
     if args.estimator == "ppo":  # PPO's critic: the SFT backbone with a fresh scalar head
         m.critic = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
         m.critic.to(d.device).train()
     if (args.process == "implicit" and args.reference == "sft") or args.process == "gopd":
-        m.reference = load_frozen(path, d)
+        m.reference = Adapter(shared, None) if shared is not None else load_frozen(path, d)
     if args.process in ("opd", "gopd"):
         # the embedded teacher: a longer SFT on a clean demonstrator (it never slips)
         teacher_path = args.teacher or embedded_checkpoint(args, args.teacher_sft_steps, d, "teacher: ", slip=0.0)
@@ -56,18 +63,19 @@ def build_models(args: Args, d: Dist) -> Models:
     if args.process == "step":
         m.step_scorer = step_prm.load_step_scorer(args.step_scorer, d.device, args.step_separator)
     policy.to(d.device).train()  # from_pretrained returns eval mode; checkpointing needs train mode
+    separate = [] if shared is not None else [m.prm, m.reference]  # adapters share the base's head and layers
     if args.precision == "bf16":
-        for model in (policy, m.prm, m.reference, m.teacher, m.critic):
+        for model in (policy, *separate, m.teacher, m.critic):
             if model is not None:
                 keep_head_fp32(model)
     if args.gradient_checkpointing:
-        for model in (policy, m.prm, m.critic):  # non-reentrant checkpointing is the variant that works under DDP
+        for model in (policy, *separate[:1], m.critic):  # non-reentrant checkpointing works under DDP
             if model is not None:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # a GPU's fused AdamW makes no temporaries (foreach's are 8 bytes a parameter); CPU keeps foreach,
     # whose numbers the embedded default's figures were measured with
     fused = True if d.device.type == "cuda" else None
-    m.policy = wrap_ddp(policy, d)
+    m.policy = wrap_ddp(m.policy, d)
     m.policy_opt = torch.optim.AdamW(m.policy.parameters(), lr=args.policy_lr, weight_decay=args.policy_weight_decay,
                                      fused=fused)
     if m.prm is not None:
@@ -95,6 +103,99 @@ def keep_head_fp32(model) -> None:
     head.forward = forward  # the instance's forward: parameter names, saving and vLLM's push are unchanged
 
 
+# ---------------------------------------------------------------------------------------------------
+# LoRA (--lora-rank R): the policy and the implicit PRM as two adapters on one frozen base
+# ---------------------------------------------------------------------------------------------------
+
+# PRIME starts the policy and the PRM from the SFT model and keeps the SFT model as the reference, so one
+# frozen copy can be all three: base + adapter "policy", base + adapter "prm", and the base with both
+# off. At step 1 both adapters are exactly zero (B = 0), so log pi_phi - log pi_ref = 0 bit for bit.
+# The adapters sit on every linear layer of the decoder blocks (attention's q, k, v, o projections and
+# the MLP's gate, up and down: the names of Qwen2 and Llama); the embeddings and the output layer stay
+# frozen with the rest of the base. The base is never merged into: a merge and unmerge in bf16 moves
+# the weights a little each time, and here the base is the reference.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def with_adapters(base, args: Args):
+    """The PEFT model of --lora-rank: `base` frozen, adapter "policy" (and "prm" for --process implicit),
+    each W x + (alpha / r) B A x on LORA_TARGETS, A random and B zero at the start, in fp32 over a base
+    in any dtype (PEFT keeps adapters fp32)."""
+    from peft import LoraConfig, get_peft_model  # requirements.txt; imported where LoRA is asked for
+
+    config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0, bias="none",
+                        target_modules=list(LORA_TARGETS))
+    shared = get_peft_model(base, config, adapter_name="policy")
+    if args.process == "implicit":
+        shared.add_adapter("prm", config)
+    return shared
+
+
+class Adapter(torch.nn.Module):
+    """One model of a LoRA run as the loop uses it: the shared PEFT model with adapter `name` on, or
+    with every adapter off (name None: the base, the reference). Its parameters, state_dict and
+    optimizer are that adapter's alone: the shared model is kept out of its module tree, so a DDP
+    wrapper of the policy reduces the policy's gradients only (a wrapper over both adapters would
+    fail the backward of a forward that leaves one unused), and a checkpoint holds adapters only.
+
+    Each forward switches the shared model to its own adapter and leaves it there: a checkpointed
+    layer recomputes its forward during the backward, which must see the adapter that its forward
+    saw. PEFT's switch (set_adapter, disable_adapter) turns requires_grad off on every other adapter;
+    the next update of that adapter needs it, so it is turned back on."""
+
+    def __init__(self, shared, name: str | None):
+        super().__init__()
+        self.__dict__["shared"] = shared  # not a submodule: its parameters are not this module's
+        self.name = name
+        self.adapters = [p for k, p in shared.named_parameters() if ".lora_" in k]  # every adapter's
+        mine = {k: p for k, p in shared.named_parameters() if ".lora_" in k and k.split(".")[-2] == name}
+        self.weights = torch.nn.ParameterDict({k.replace(".", ":"): p for k, p in mine.items()})
+        for p in self.adapters:  # PEFT's add_adapter leaves only the active one trainable
+            p.requires_grad_(True)
+
+    def forward(self, *args, **kwargs):
+        if self.name is None:
+            with self.shared.disable_adapter():
+                out = self.shared(*args, **kwargs)
+        else:
+            self.switch()
+            out = self.shared(*args, **kwargs)
+        for p in self.adapters:
+            p.requires_grad_(True)
+        return out
+
+    def switch(self) -> None:
+        if self.shared.active_adapter != self.name:
+            self.shared.set_adapter(self.name)
+
+    def generate(self, *args, **kwargs):  # HF generate with this adapter (HFRollout's sampling)
+        self.switch()
+        return self.shared.generate(*args, **kwargs)
+
+    def train(self, mode: bool = True):  # generate switches the shared model to eval mode and back
+        self.shared.train(mode)
+        return super().train(mode)
+
+    @property
+    def device(self):
+        return self.shared.device
+
+    @property
+    def config(self):
+        return self.shared.config
+
+    def save_pretrained(self, folder) -> None:
+        """The adapter in PEFT's format (adapter_config.json, adapter_model.safetensors), where vLLM's
+        LoRARequest and PeftModel.from_pretrained(base, folder) read it: run_dir/final, each push."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        weights = get_peft_model_state_dict(self.shared, adapter_name=self.name)
+        save_file({k: v.detach().contiguous() for k, v in weights.items()}, Path(folder) / "adapter_model.safetensors")
+        self.shared.peft_config[self.name].save_pretrained(folder)
+
+
 def prm_start(args: Args, sft_path: str, tokenizer, d: Dist) -> str:
     """The implicit PRM's starting weights: the SFT checkpoint (the paper), or --prm-init: 'teacher'
     (--teacher, or the embedded clean demonstrator) or a path; on the policy's vocabulary, since its
@@ -120,14 +221,14 @@ def make_sampler(args: Args, models: Models, d: Dist):
     an engine in this process, fed the policy's weights after every update, returning its own log-probs
     for the rollout correction; --rollout hf, HF generate on the policy itself (512 sequences a call:
     the default's 800 held-out samples in two calls, not four, a quarter less time on 2 CPU cores)."""
-    if args.rollout == "vllm":
+    if args.rollout == "vllm":  # with --lora-rank: the engine loads the base and gets the policy's adapter
         return VLLMRollout(models.path, models.tokenizer, args.max_response_len, args.temperature, args.top_p,
                            max_model_len=args.max_prompt_len + args.max_response_len, seed=args.seed + d.rank,
                            # the engine samples in the run's precision (bf16 on a GPU by default; on a CPU
                            # with AVX512-BF16, bf16 sampling measured 1.7x fp32's tokens/s on SmolLM2)
                            dtype="bfloat16" if args.precision == "bf16" else "float32",
                            gpu_memory_utilization=args.vllm_gpu_memory_utilization, sleep=args.vllm_sleep,
-                           logprobs=True)
+                           logprobs=True, lora_rank=args.lora_rank)
     return HFRollout(unwrap(models.policy), models.tokenizer, args.max_response_len, args.temperature, args.top_p,
                      batch_size=512, bf16=args.precision == "bf16")
 
@@ -143,7 +244,9 @@ def embedded_checkpoint(args: Args, sft_steps: int, d: Dist, label: str = "", sl
 
 
 def load_model_and_tokenizer(args: Args, d: Dist):
-    """The SFT checkpoint: policy, PRM and reference all start from it (paper Sec. 3.3)."""
+    """The SFT checkpoint: policy, PRM and reference all start from it (paper Sec. 3.3). In fp32, or
+    with --lora-rank and --precision bf16 in bf16: the frozen base is then never trained, and half
+    the bytes (15.2 GB for a 7.6B model) hold policy, PRM and reference alike."""
     path = args.model
     if not path:
         path = embedded_checkpoint(args, args.sft_steps, d)
@@ -152,7 +255,8 @@ def load_model_and_tokenizer(args: Args, d: Dist):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         check_memory(path, args, d)  # from the config alone, before any weight is loaded
-        policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        dtype = torch.bfloat16 if args.lora_rank and args.precision == "bf16" else torch.float32
+        policy = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as e:
         raise SystemExit(f"--model {path}: cannot load it ({e})")
     if tokenizer.pad_token is None:
@@ -309,7 +413,9 @@ def memory_line(policy, args: Args, measured: dict) -> str:
     """The estimate next to what the first step used (measured_memory), in GB."""
     gpu = measured["device_total"]
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    est = memory_estimate_gb(sum(p.numel() for p in policy.parameters()), args, policy.config, gpu, world=world)
+    whole = getattr(policy, "shared", policy)  # a LoRA adapter: the base it sits on
+    n = sum(p.numel() for k, p in whole.named_parameters() if ".lora_" not in k)
+    est = memory_estimate_gb(n, args, policy.config, gpu, world=world)
     beyond = sum(v for k, v in est.items() if k.startswith("beyond tensors"))
     return (f"memory per GPU after the first step: estimated {est['total']:.2f} GB ({beyond:.2f} of it beyond "
             f"tensors, the allocator's margin included); the allocator's peaks {measured['allocated']:.2f} GB "

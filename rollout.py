@@ -19,6 +19,7 @@ Token layout (the same for every backend and for train.py):
 import os
 import random
 import socket
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -173,6 +174,9 @@ class HFRollout:
         return self.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
 
 
+LORA_SLOT_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's max_lora_rank values
+
+
 class VLLMRollout:
     """Sampling with a vLLM engine that lives in this process, one engine per rank (colocated).
 
@@ -203,7 +207,7 @@ class VLLMRollout:
 
     def __init__(self, model_path: str, tokenizer, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, *, max_model_len: int, seed: int, dtype: str = "float32",
-                 gpu_memory_utilization: float = 0.3, sleep: bool = False, logprobs: bool = False):
+                 gpu_memory_utilization: float = 0.3, sleep: bool = False, logprobs: bool = False, lora_rank: int = 0):
         self.tokenizer = tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.dtype = getattr(torch, dtype)
@@ -242,6 +246,10 @@ class VLLMRollout:
             logprobs_mode="processed_logprobs",
             # CPU: torch.compile costs ~1 min of start-up on 2 cores for ~10% faster decoding
             enforce_eager=not on_gpu,
+            # --lora-rank: the engine holds the base and takes the policy's adapter (push_weights); its
+            # slots come in ranks 1, 8, 16, 32, 64, 128, 256, 320, 512, so the smallest that holds R
+            **(dict(enable_lora=True, max_loras=1, max_lora_rank=min(r for r in LORA_SLOT_RANKS if r >= lora_rank))
+               if lora_rank else {}),
         )
         for key in single:  # read only while building: leave no trace that looks like torchrun
             del os.environ[key]
@@ -251,6 +259,10 @@ class VLLMRollout:
         if on_gpu:
             torch.cuda.set_rng_state_all(rng[3])
         self.sleep_mode, self.asleep, self.logprobs = sleep, False, logprobs
+        # LoRA: the adapter's files, rewritten at each push; no request until the first push (both
+        # adapters start at B = 0, so the base IS the starting policy)
+        self.adapter_dir = tempfile.mkdtemp(prefix="prime-adapter-") if lora_rank else None
+        self.lora = None
 
     @torch.no_grad()
     def push_weights(self, model) -> None:
@@ -263,6 +275,8 @@ class VLLMRollout:
         original checkpoint from disk. The prefix cache holds KV computed with the old weights.
         """
         assert not hasattr(model, "module"), "push the unwrapped policy (ddp.module): names must not start with module."
+        if self.adapter_dir:
+            return self.push_adapter(model)
         if self.asleep:
             torch.cuda.empty_cache()  # hand training's cached blocks back to the GPU for vLLM
             self.llm.wake_up(tags=["weights"])  # allocated again, contents undefined until loaded
@@ -272,6 +286,24 @@ class VLLMRollout:
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
+        self.llm.reset_prefix_cache()
+
+    def push_adapter(self, adapter) -> None:
+        """--lora-rank: the policy's adapter (models.Adapter), never merged weights, into the engine.
+
+        Two ways to keep sampling the old policy, both silent: vLLM keeps an adapter it already holds
+        under the same id unless told to reload it (`load_inplace=True`), and its prefix cache keeps
+        KV blocks computed under the old adapter (reset here). The base never changes, so a sleeping
+        engine (level 1: weights kept in CPU memory) wakes with it as it was."""
+        from vllm.lora.request import LoRARequest  # optional, as above
+
+        if self.asleep:
+            torch.cuda.empty_cache()
+            self.llm.wake_up()
+            self.asleep = False
+        adapter.save_pretrained(self.adapter_dir)
+        self.llm.llm_engine.add_lora(LoRARequest("policy", 1, self.adapter_dir, load_inplace=True))
+        self.lora = LoRARequest("policy", 1, self.adapter_dir)  # held now: later requests only name it
         self.llm.reset_prefix_cache()
 
     def generate(self, prompt_token_ids: list[list[int]], n: int = 1, greedy: bool = False,
@@ -292,7 +324,7 @@ class VLLMRollout:
             detokenize=False)  # token ids in and out; texts come from our tokenizer (decode)
         # greedy: n identical answers, so send the prompt n times (prefix caching shares them)
         requests = [{"prompt_token_ids": ids} for ids in prompt_token_ids for _ in range(n if greedy else 1)]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora)
         samples = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
         for c in samples:  # the EOS that ended a response is part of it, as in HF generate
             assert c.finish_reason == "length" or c.token_ids[-1] == tok.eos_token_id, c.finish_reason
@@ -316,7 +348,7 @@ class VLLMRollout:
         """Sleep mode: free the engine's GPU memory (weights and KV cache) for the updates, once the
         step's sampling is done; push_weights wakes it. A no-op without sleep mode, or asleep already."""
         if self.sleep_mode and not self.asleep:
-            self.llm.sleep(level=2)
+            self.llm.sleep(level=1 if self.adapter_dir else 2)  # LoRA: the base stays, in CPU memory
             self.asleep = True
 
     def close(self) -> None:

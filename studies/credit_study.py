@@ -17,6 +17,7 @@ made on another machine) is compared with the numbers recorded for them. docs/RE
 results and what they do and do not show.
 """
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -848,6 +849,9 @@ def slip_scores(seed: int, arms: list[str], out: str, problems: int, samples: in
             with torch.no_grad():
                 ro = sampler.generate([t.prompt_ids for t in tasks], n=samples)
             texts, _, outcome = train.verify_rollouts(sampler, ro, tasks, base)
+            with torch.no_grad():  # greedy, one answer a prompt: what the collapse rule reads
+                _, _, greedy = train.verify_rollouts(sampler, sampler.generate([t.prompt_ids for t in tasks], greedy=True),
+                                                     tasks, dataclasses.replace(base, n_samples=1))
             prompts = [t.text for t in tasks for _ in range(samples)]
             scores, step_ids = step_prm.step_scores_and_ids(step_prm.ToyStepChecker(), tokenizer, prompts, texts,
                                                             ro.response_ids, ro.response_mask)
@@ -858,10 +862,10 @@ def slip_scores(seed: int, arms: list[str], out: str, problems: int, samples: in
                                       "slip_reward": float(np.mean(slipped)) if slipped else math.nan,
                                       "right_lines": len(right), "slipped_lines": len(slipped),
                                       "slips_per_response": len(slipped) / len(prompts),
-                                      "accuracy": float(outcome.mean())}
+                                      "accuracy": float(outcome.mean()), "greedy": float(greedy.mean())}
             at_start = r if step == 0 else at_start
             print(f"  seed {seed} {arm} step {step}: right lines {r['right_reward']:+.3f} ({len(right)}), slipped "
-                  f"{r['slip_reward']:+.3f} ({len(slipped)}), accuracy {r['accuracy']:.3f}", flush=True)
+                  f"{r['slip_reward']:+.3f} ({len(slipped)}), accuracy {r['accuracy']:.3f}, greedy {r['greedy']:.3f}", flush=True)
     return results
 
 

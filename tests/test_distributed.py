@@ -60,7 +60,7 @@ def global_batch(cache_dir, tmp_path_factory):
 def test_one_rank_and_two_unequal_ranks_give_the_same_advantages_and_update(global_batch, tmp_path):
     """The same global batch on one rank and split 4 rows / 12 rows over two gloo ranks, for every
     estimator that whitens or normalises over the batch: every row's advantage agrees to the
-    round-off of the estimator's dtype, and the policy's (and PPO's critic's) SGD step to the round-off of the float32
+    round-off of the estimator's dtype, and the policy's (PPO's critic's, the LoRA adapter's) SGD step to the round-off of the float32
     log-probs (prime.token_logprobs). Before the statistics were summed over ranks, each rank whitened
     and normalised its own share: the advantages of a split batch differed by whole units."""
     saved, file = global_batch

@@ -167,6 +167,25 @@ def test_pushed_weights_are_the_ones_vllm_samples_from(engine, tokenizer, hf_pol
         engine.push_weights(wrapped)
 
 
+def test_a_pushed_lora_adapter_is_the_one_vllm_samples_from(vllm, sft_path):
+    """--lora-rank: the engine holds the base and gets the policy's adapter, never merged weights
+    (tests/lora_vllm_probe.py, in a process of its own). Before any push the engine's base is the
+    policy (B = 0); after a step the engine is stale until the push; after a second push under the
+    same adapter id, on prompts whose KV the prefix cache holds from the first, it samples the new
+    adapter (an in-place reload and a cache reset: without either, the old adapter's numbers come
+    back); a skipped push leaves it stale. Measured here: 4e-6 at the start, 5e-6 to 1.5e-5 after
+    pushes, against stale gaps of 0.2 to 2.1."""
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "lora_vllm_probe.py"), str(sft_path)],
+                          capture_output=True, text=True, timeout=900, cwd=REPO, env=START_ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(report)
+    for when in ("start", "pushed", "pushed_again"):
+        assert report[when] < LOGPROB_TOL, (when, report)
+    for when in ("stale", "skipped"):
+        assert report[when] > 0.1, (when, report)
+    assert report["adapter_files"] == ["adapter_config.json", "adapter_model.safetensors"]  # an adapter, not weights
+
 def run_train(sft_path, out_dir, *extra, torchrun=0):
     cmd = [sys.executable, str(REPO / "train.py")]
     if torchrun:
@@ -233,6 +252,22 @@ def test_torchrun_two_ranks_each_with_its_engine(vllm, sft_path, tmp_path):
         assert m["response_length"] > 0 and 0 <= m["rollout_logp_abs_diff"] < LOGPROB_TOL, m
         assert abs(math.log(m["rollout_rho_max"])) < LOGPROB_TOL, m
     assert sum(m["refill_draws"] for m in metrics) > 0, "no step refilled: the test would not cover it"
+
+
+def test_torchrun_two_ranks_with_lora_adapters_pushed_into_each_engine(vllm, sft_path, tmp_path):
+    """The same node path with --lora-rank: the policy and the PRM two adapters on one frozen base in
+    each rank, each engine getting the policy's adapter after every update (refills and all). The
+    rollout correction's mismatch stays at round-off after the updates only if every rank's engine
+    samples the adapter pushed to it; the policy's lr is LoRA's (10x), so a stale engine would show."""
+    metrics = run_train(sft_path, tmp_path, "--steps", "3", "--filter-mode", "refill", "--refill-draws", "2",
+                        "--filter-low", "0.2", "--filter-high", "0.8", "--lora-rank", "8", "--policy-lr", "5e-4",
+                        "--prm-lr", "3e-3", torchrun=2)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        assert m["response_length"] > 0 and 0 <= m["rollout_logp_abs_diff"] < LOGPROB_TOL, m
+        assert abs(math.log(m["rollout_rho_max"])) < LOGPROB_TOL, m
+    assert sum(m["refill_draws"] for m in metrics) > 0, "no step refilled: the test would not cover it"
+    assert (tmp_path / "v" / "final" / "adapter_model.safetensors").exists()
 
 
 def test_the_engine_sleeps_through_the_updates_and_is_awake_to_sample_refill_and_evaluate(vllm, sft_path, tmp_path):

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import config  # noqa: E402
 import ddp  # noqa: E402
 import train  # noqa: E402
+import models  # noqa: E402
 from models import Models  # noqa: E402
 
 # estimator -> the train.py flags it runs with: every estimator that whitens or normalises over the batch
@@ -29,6 +30,7 @@ ESTIMATORS = {
     "ppo": dict(estimator="ppo"),  # GAE over a critic's values, whitened; the critic updates too
     "pass": dict(estimator="pass", pass_preset="math"),  # the batch normaliser and the batch trace
     "pass-qa": dict(estimator="pass", pass_preset="qa"),  # its eta closes chunks where the trace moves
+    "rloo-lora": dict(lora_rank=4),  # the policy as a LoRA adapter on a frozen base: the adapter's step
 }
 GROUPS = {0: [1], 1: [0, 2, 3]}  # prompt groups of each rank in the 2-rank run (group 1: the shortest)
 
@@ -50,27 +52,33 @@ def run(saved: dict, d: ddp.Dist) -> dict:
     for name, flags in ESTIMATORS.items():
         args = config.Args(**{"n_samples": K, "max_tokens_per_micro_batch": 0, "micro_batch_size": 3, **flags})
         policy = AutoModelForCausalLM.from_pretrained(saved["model"], dtype=torch.float64)
+        if args.lora_rank:  # the adapter, A and B random (B = 0 would leave A no gradient), the same on every rank
+            policy = models.Adapter(models.with_adapters(policy, args), "policy")
+            generator = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                for p in policy.parameters():
+                    p.copy_(0.1 * torch.randn(p.shape, generator=generator, dtype=torch.float64))
         start = [p.detach().clone() for p in policy.parameters()]
-        models = Models(saved["model"], AutoTokenizer.from_pretrained(saved["model"]), ddp.wrap_ddp(policy, d), None)
-        models.policy_opt = torch.optim.SGD(models.policy.parameters(), lr=1.0)
+        run_models = Models(saved["model"], AutoTokenizer.from_pretrained(saved["model"]), ddp.wrap_ddp(policy, d), None)
+        run_models.policy_opt = torch.optim.SGD(run_models.policy.parameters(), lr=1.0)
         critic_start = []
         if args.estimator == "ppo":
             torch.manual_seed(0)  # the critic's fresh head: the same on every rank and in every run
             critic = AutoModelForTokenClassification.from_pretrained(saved["model"], num_labels=1, dtype=torch.float64)
             critic_start = [p.detach().clone() for p in critic.parameters()]
-            models.critic = ddp.wrap_ddp(critic, d)
-            models.critic_opt = torch.optim.SGD(models.critic.parameters(), lr=1.0)
+            run_models.critic = ddp.wrap_ddp(critic, d)
+            run_models.critic_opt = torch.optim.SGD(run_models.critic.parameters(), lr=1.0)
         batch = train.with_plans(batch, args, d)
         process = train.process_rewards(args, signal, None, batch.train_mask, batch.outcome, d)
-        adv, *targets = train.advantages(args, models, batch, process, signal, None, formats, d)
-        train.update_policy(args, models, batch, None, adv, None, d)
-        if models.critic is not None:
-            train.update_critic(args, models, batch, targets, d)
+        adv, *targets = train.advantages(args, run_models, batch, process, signal, None, formats, d)
+        train.update_policy(args, run_models, batch, None, adv, None, d)
+        if run_models.critic is not None:
+            train.update_critic(args, run_models, batch, targets, d)
         results[name] = dict(rows=rows, adv=adv.detach(),
                              policy_delta=[p.detach() - s for p, s in zip(policy.parameters(), start)],
-                             critic_delta=[p.detach() - s for p, s in zip(ddp.unwrap(models.critic).parameters(),
+                             critic_delta=[p.detach() - s for p, s in zip(ddp.unwrap(run_models.critic).parameters(),
                                                                           critic_start)] if critic_start else [])
-        del models, policy
+        del run_models, policy
         gc.collect()  # no DDP model may outlive the process group (see microbatch_ddp_worker.py)
     return results
 
