@@ -236,6 +236,18 @@ PRESETS = {
                  policy_lr=1e-6, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=1,
                  max_tokens_per_micro_batch=0, gradient_checkpointing=True, temperature=1.0, top_p=1.0,
                  filter_mode="refill", vllm_gpu_memory_utilization=0.2, vllm_sleep=True, offload_optimizer=True),
+    # The paper's own model, Qwen2.5-Math-7B (7.6B parameters), under plain DDP on 8 x 80 GB: full fine-tuning
+    # cannot fit (its policy alone is 122 GB at 16 bytes a parameter), so the policy and the PRM are two rank-64
+    # adapters on one frozen bf16 base that is also the reference (--lora-rank); vLLM's share, 0.35 of the GPU,
+    # holds its bf16 copy of the base (15.2 GB), the adapter's slot and the KV cache, and stays awake beside
+    # the updates (they need 8.1 GB). By models.memory_estimate_gb (tests/test_memory.py::
+    # test_the_7b_preset_fits_80gb): 67.4 GB, the CUDA context, NCCL and vLLM's graph pool included.
+    # The learning rates are the paper's x10 (LoRA Without Regret: LoRA's RL lr is about 10x full fine-tuning's).
+    "7b": dict(prompts_per_step=256, n_samples=4, max_prompt_len=1024, max_response_len=3072,
+               policy_lr=5e-6, prm_lr=1e-5, beta=0.05, mini_batches=4, micro_batch_size=1,
+               max_tokens_per_micro_batch=0, gradient_checkpointing=True, temperature=1.0, top_p=1.0,
+               filter_mode="refill", vllm_gpu_memory_utilization=0.35, lora_rank=64,
+               lora_alpha=32.0),
 }
 
 CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass", "ppo"), rloo_form=("official", "paper"),
@@ -244,7 +256,7 @@ CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass", "ppo
                pass_preset=("math", "qa", "v1"),
                process_norm=("batch", "beta"), reference=("sft", "policy"), prm_update=("after", "before"),
                prm_loss=("ce", "dpo"), prm_groups=("kept", "mixed"), process_groups=("all", "mixed"), loss_mean=("global", "micro"),
-               rollout=("hf", "vllm"), precision=("bf16", "fp32"), preset=("", "paper", "1.5b"), sandbox=("auto", "namespaces"),
+               rollout=("hf", "vllm"), precision=("bf16", "fp32"), preset=("", "paper", "1.5b", "7b"), sandbox=("auto", "namespaces"),
                filter_mode=("shrink", "refill"),
                rollout_correction=("none", "token-truncate", "token-mask", "token-band", "sequence-truncate",
                                    "sequence-mask", "sequence-band"))

@@ -300,16 +300,35 @@ def update_peak_bytes(config, n_params: int, args: Args) -> dict:
     logits = 2 * positions * vocab * 4 + 2 * chunk
     flowing = tokens * (2 * inter + 2 * h) * size  # a layer's backward: the gradients passing through it
     copies = 2 * max(n_params - vocab * h, 0) if bf16 else 0
+    if args.lora_rank:  # the adapters: each target's input again (bf16: its own cast) and its r-wide A x
+        r = args.lora_rank
+        layer += tokens * ((6 * h + inter) * 2 + 7 * r * 2 if bf16 else 7 * r * 4)
+        if bf16:  # a bf16 base makes a bf16 residual stream: its sums, norms and embeddings at 2 bytes, not 4
+            layer -= tokens * 8 * h
+            once -= tokens * h * 2 * 2
+        copies = 2 * lora_parameters(config, r) if bf16 else 0  # the base is bf16 already: only the adapters
     if args.gradient_checkpointing:
         held = {"activations (each layer's input)": layers * tokens * h * 4 + once,
                 "logits or one recomputed layer": max(logits, layer + flowing)}
     else:
         held = {"activations (every layer)": layers * layer + once, "logits and their gradient": logits}
     held["autocast's bf16 weight copies"] = copies
-    # the output layer's fp32 weight gradient, computed whole before autograd adds it into .grad (its
-    # DDP bucket): vocabulary x hidden floats, beside the logits' gradient
-    held["the output layer's gradient before its bucket"] = vocab * h * 4
+    if not args.lora_rank:
+        # the output layer's fp32 weight gradient, computed whole before autograd adds it into .grad (its
+        # DDP bucket): vocabulary x hidden floats, beside the logits' gradient
+        held["the output layer's gradient before its bucket"] = vocab * h * 4
+    elif bf16:  # frozen, no gradient; but keep_head_fp32's fp32 copy of the bf16 head, kept for the backward
+        held["the output layer's fp32 copy"] = vocab * h * 4
     return held
+
+
+def lora_parameters(config, rank: int) -> int:
+    """Parameters of one adapter on LORA_TARGETS: r x (inputs + outputs) of each projection, every layer."""
+    h, inter = config.hidden_size, config.intermediate_size
+    head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    per_layer = (h + q) + 2 * (h + kv) + (q + h) + 2 * (h + inter) + (inter + h)
+    return rank * per_layer * config.num_hidden_layers
 
 
 # What a GPU process holds beyond its tensors, per rank. Not measured by this project yet (no GPU has
@@ -357,15 +376,26 @@ def memory_estimate_gb(n_params: int, args: Args, config=None, gpu_gb: float = 0
     parameter; none when fused), and sampling (vLLM's share, --vllm-gpu-memory-utilization of the GPU,
     which the held-out evaluation shares; or HF generate's KV cache for --rollout hf). On top, 10% of
     that for the caching allocator's fragmentation, and on a GPU what the process holds outside the
-    allocator (the CUDA context, NCCL's buffers, vLLM's graph pool)."""
+    allocator (the CUDA context, NCCL's buffers, vLLM's graph pool).
+
+    --lora-rank R: one frozen base (2 bytes a parameter in bf16, 4 in fp32) holds the policy, the PRM
+    and the reference; each adapter (lora_parameters) has its fp32 weights, gradients and AdamW; an
+    update adds each adapted layer's inputs again (update_peak_bytes), and no base weight has a
+    gradient. vLLM's share then holds its own copy of the base (bf16) and the adapter's slot beside
+    its KV cache."""
     gb = 1e9
     n = n_params
     trained = "(weights, grads; AdamW on the CPU)" if args.offload_optimizer else "(weights, grads, AdamW)"
-    per_trained = (8 if args.offload_optimizer else 16) * n / gb
-    est = {f"policy {trained}": per_trained}
+    trained_n = lora_parameters(config, args.lora_rank) if args.lora_rank else n  # an adapter, or the model
+    per_trained = (8 if args.offload_optimizer else 16) * trained_n / gb
+    est = {}
+    if args.lora_rank:  # one frozen base, bf16 or fp32, for the policy, the PRM and the reference
+        est[f"base, frozen ({args.precision}): policy, PRM and reference"] = (2 if args.precision == "bf16" else 4) * n / gb
+    adapter = " adapter" if args.lora_rank else ""
+    est[f"policy{adapter} {trained}"] = per_trained
     if args.process == "implicit":
-        est[f"prm {trained}"] = per_trained
-    if (args.process == "implicit" and args.reference == "sft") or args.process == "gopd":
+        est[f"prm{adapter} {trained}"] = per_trained
+    if ((args.process == "implicit" and args.reference == "sft") or args.process == "gopd") and not args.lora_rank:
         est["reference (fp32, frozen)"] = 4 * n / gb
     if args.process in ("opd", "gopd"):
         est["teacher (fp32, frozen)"] = 4 * n / gb
@@ -373,11 +403,11 @@ def memory_estimate_gb(n_params: int, args: Args, config=None, gpu_gb: float = 0
         est[f"critic {trained}"] = per_trained
     state = sum(est.values())
     vllm = args.vllm_gpu_memory_utilization * gpu_gb if args.rollout == "vllm" else 0.0
-    phases = {"optimizer step (foreach AdamW's temporaries)": 0.0 if cuda else 8 * n / gb}
+    phases = {"optimizer step (foreach AdamW's temporaries)": 0.0 if cuda else 8 * trained_n / gb}
     if config is not None:
         held = update_peak_bytes(config, n, args)
         if args.offload_optimizer:
-            held["its AdamW moments, back on the GPU"] = 8 * n
+            held["its AdamW moments, back on the GPU"] = 8 * trained_n
         est.update({f"  update: {k}": v / gb for k, v in held.items()})
         phases["update" + ("" if args.vllm_sleep or not vllm else " beside vLLM's share")] = \
             sum(held.values()) / gb + (0.0 if args.vllm_sleep else vllm)

@@ -170,7 +170,7 @@ def test_a_row_count_given_alone_replaces_the_default_token_budget():
     assert (rows.micro_batch_size, rows.max_tokens_per_micro_batch) == (8, 0)
     both = config.parse_args(["--micro-batch-size", "8", "--max-tokens-per-micro-batch", "500"])
     assert (both.micro_batch_size, both.max_tokens_per_micro_batch) == (8, 500)
-    for preset in ("paper", "1.5b"):
+    for preset in ("paper", "1.5b", "7b"):
         assert config.parse_args(["--preset", preset]).max_tokens_per_micro_batch == 0
 
 

@@ -66,7 +66,8 @@ def measured(args, d=None):
                 for t in [p, p.grad, *m.policy_opt.state[p].values()] if t is not None and t.dim())
     with LiveBytes() as tracked:
         train.update_policy(args, m, b, None, adv, None, d)
-    n = sum(p.numel() for p in policy.parameters())
+    whole = getattr(policy, "shared", policy)  # --lora-rank: the base's parameters, not the adapter's
+    n = sum(p.numel() for k, p in whole.named_parameters() if ".lora_" not in k)
     est = {k: v * 1e9 for k, v in models.memory_estimate_gb(n, args, policy.config, cuda=False).items()}
     wrapped = isinstance(m.policy, torch.nn.parallel.DistributedDataParallel)
     del m
@@ -91,6 +92,29 @@ def test_the_estimate_covers_what_an_update_holds_and_no_more_than_a_quarter_abo
     # what the update adds is its largest phase
     predicted = max(update, optimizer)
     print(f"{precision} ckpt={checkpointing} {layout}: tracked {peak / 1e6:.2f} MB, estimated {predicted / 1e6:.2f} MB "
+          f"({predicted / peak:.2f}x)")
+    assert peak <= predicted <= 1.25 * peak, (peak, predicted)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["no-ckpt", "ckpt"])
+def test_the_lora_estimate_covers_what_an_update_holds_and_no_more_than_a_quarter_above(
+        qwen_path, precision, checkpointing):
+    """--lora-rank 8: the adapter's state is 16 bytes a parameter (lora_parameters counts them from the
+    config), the update what the tracked tensors hold: each adapted layer's inputs again, no base
+    weight's gradient, and (bf16) the head's fp32 copy instead of bf16 copies of the base."""
+    args = config.parse_args(["--model", str(qwen_path), "--precision", precision, "--max-prompt-len", str(PROMPT),
+                              "--max-response-len", str(RESPONSE), "--rollout", "hf", "--process", "none",
+                              "--lora-rank", "8", "--micro-batch-size", "2",
+                              *(["--gradient-checkpointing"] if checkpointing else [])])
+    est, state, peak, n, _ = measured(args)
+    assert est["policy adapter (weights, grads, AdamW)"] == pytest.approx(state, rel=1e-9)
+    assert est[f"base, frozen ({precision}): policy, PRM and reference"] == \
+        pytest.approx(n * (2 if precision == "bf16" else 4))
+    update = sum(v for k, v in est.items() if k.startswith("  update:"))
+    optimizer = est["phase: optimizer step (foreach AdamW's temporaries)"]
+    predicted = max(update, optimizer)
+    print(f"LoRA {precision} ckpt={checkpointing}: tracked {peak / 1e6:.2f} MB, estimated {predicted / 1e6:.2f} MB "
           f"({predicted / peak:.2f}x)")
     assert peak <= predicted <= 1.25 * peak, (peak, predicted)
 
@@ -164,6 +188,55 @@ def test_the_1_5b_preset_fits_80gb_on_each_named_model(name):
     assert kept_state - state == pytest.approx(16 * n / 1e9, rel=1e-9)
     assert est["phase: update"] - kept["phase: update"] == pytest.approx(8 * n / 1e9, rel=1e-9)
     assert tied or kept["total"] > 80.0
+
+
+# Qwen2.5-Math-7B, the PRIME paper's model, from its published config.json
+QWEN25_MATH_7B = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                      num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False,
+                      max_position_embeddings=4096)
+
+
+def test_the_7b_preset_fits_80gb():
+    """`torchrun --nproc_per_node=8 train.py --model Qwen2.5-Math-7B --preset 7b` on 80 GB cards, by the
+    estimate check_memory makes on a GPU: one frozen bf16 base, two rank-64 adapters with fp32 AdamW,
+    checkpointed activations of one row of 4096 tokens, vLLM's share (asleep during the updates)
+    holding its own copy of the base. Full fine-tuning of the same shape cannot fit."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    shape = Qwen2Config(**QWEN25_MATH_7B)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(shape)
+    n = sum(p.numel() for p in skeleton.parameters())
+    assert n == 7_615_616_512  # Qwen2.5-Math-7B's parameter count
+    args = dataclasses.replace(config.parse_args(["--preset", "7b", "--precision", "bf16"]), rollout="vllm")
+    assert args.lora_rank == 64 and args.max_prompt_len + args.max_response_len <= shape.max_position_embeddings
+    # the adapter's parameters as PEFT makes them on this shape, against lora_parameters' count from the config
+    adapter = models.lora_parameters(shape, 64)
+    per_layer = sum(p.numel() for k, p in models.with_adapters(skeleton, args).named_parameters()
+                    if ".lora_" in k and ".policy." in k and ".layers.0." in k)
+    assert adapter == per_layer * shape.num_hidden_layers
+    est = models.memory_estimate_gb(n, args, shape, gpu_gb=80.0, world=8)
+    print("7b preset:", ", ".join(f"{k} {v:.2f}" for k, v in est.items()))
+    assert est["total"] <= 80.0
+    assert est["base, frozen (bf16): policy, PRM and reference"] == pytest.approx(2 * n / 1e9)
+    assert "reference (fp32, frozen)" not in est  # no third copy
+    vllm_share = args.vllm_gpu_memory_utilization * 80.0
+    assert vllm_share > 2 * n / 1e9 + 2 * adapter / 1e9 + 5  # its bf16 base, the adapter's slot, >= 5 GB of KV
+    full = models.memory_estimate_gb(n, dataclasses.replace(args, lora_rank=0), shape, gpu_gb=80.0, world=8)
+    assert full["policy (weights, grads, AdamW)"] > 120 and full["total"] > 80.0
+
+
+def test_the_1_5b_shapes_fit_with_lora_without_offloading_the_optimizer():
+    """The untied 1.5B (DeepSeek-R1-Distill-Qwen-1.5B), which full fine-tuning fits only with
+    --offload-optimizer, fits with --lora-rank 64 and the moments on the GPU."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    shape = Qwen2Config(**QWEN2_1_5B, **NAMED_1_5B["DeepSeek-R1-Distill-Qwen-1.5B"])
+    with torch.device("meta"):
+        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(shape).parameters())
+    args = dataclasses.replace(config.parse_args(["--preset", "1.5b", "--precision", "bf16", "--lora-rank", "64",
+                                                  "--no-offload-optimizer"]), rollout="vllm")
+    est = models.memory_estimate_gb(n, args, shape, gpu_gb=80.0, world=8)
+    print(f"1.5b with LoRA rank 64, moments on the GPU: {est['total']:.2f} GB")
+    assert not args.offload_optimizer and est["total"] <= 80.0
 
 
 def test_offloading_moves_the_moments_and_leaves_the_step_counts():
