@@ -175,6 +175,65 @@ def test_a_kill_at_each_point_of_a_save_leaves_a_complete_checkpoint(tmp_path, m
     assert sorted(p.name for p in (run_dir / "checkpoint").iterdir()) == ["rng_rank0.pt", "state.pt"]
 
 
+def recorded_moves(monkeypatch, models) -> list:
+    """Every optimizer load and every move of AdamW's moments (runlog.optimizer_state_to), in order, as
+    (what, optimizer's name, device); the moves go to the meta device, which only a move puts a tensor
+    on, so which tensors went where is checked too."""
+    events = []
+    names = {id(models.policy_opt): "policy", id(models.prm_opt): "prm"}
+    move = runlog.optimizer_state_to
+    monkeypatch.setattr(runlog, "optimizer_state_to", lambda opt, device: (
+        events.append(("move", names[id(opt)], str(device))), move(opt, "meta"))[1])
+    for opt in (models.policy_opt, models.prm_opt):
+        load = opt.load_state_dict
+        monkeypatch.setattr(opt, "load_state_dict", lambda state, _load=load, _opt=opt: (
+            events.append(("load", names[id(_opt)], None)), _load(state))[1])
+    return events
+
+
+def test_resume_with_offloading_moves_each_models_moments_right_after_its_own_load(tmp_path, monkeypatch):
+    """--resume --offload-optimizer: each optimizer's moments go to the CPU as soon as that optimizer is
+    loaded, before the next one loads, so one model's moments at most are ever on the GPU (loaded all
+    first, the policy's and the PRM's would sit there together: +28 GB on the untied 1.5B)."""
+    run_dir, d = tmp_path / "run", ddp.Dist()
+    run_dir.mkdir()
+    runlog.save_checkpoint(run_dir, 10, tiny_models(1), d)
+    loaded = tiny_models(2)
+    events = recorded_moves(monkeypatch, loaded)
+    runlog.load_checkpoint(run_dir, loaded, d, offload_optimizer=True)
+    assert events == [("load", "policy", None), ("move", "policy", "cpu"), ("load", "prm", None), ("move", "prm", "cpu")]
+    for opt in (loaded.policy_opt, loaded.prm_opt):
+        for state in opt.state.values():  # the moments moved, the step counts stayed
+            assert state["exp_avg"].is_meta and state["exp_avg_sq"].is_meta and not state["step"].is_meta
+    plain = tiny_models(3)
+    events = recorded_moves(monkeypatch, plain)
+    runlog.load_checkpoint(run_dir, plain, d)
+    assert [e[0] for e in events] == ["load", "load"]  # without offloading nothing moves
+
+
+def test_an_offloaded_update_brings_the_moments_before_its_first_step_and_returns_them_after_its_last(monkeypatch):
+    """microbatch.run_update with --offload-optimizer: to the update's device before the first optimizer
+    step, to the CPU after the last (both mutants, never bringing them back or leaving them on the GPU,
+    change this sequence)."""
+    import config
+    import microbatch
+    from rollout import Rollout
+    events = []
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.AdamW(model.parameters())
+    step = opt.step
+    monkeypatch.setattr(opt, "step", lambda *a, **k: (events.append(("step", None)), step(*a, **k))[1])
+    monkeypatch.setattr(microbatch, "optimizer_state_to", lambda o, device: events.append(("move", str(device))))
+    args = config.Args(offload_optimizer=True, mini_batches=2, micro_batch_size=2, max_tokens_per_micro_batch=0)
+    ro = Rollout(torch.ones(4, 2, dtype=torch.long), torch.ones(4, 2, dtype=torch.long),
+                 torch.ones(4, 3, dtype=torch.long), torch.ones(4, 3, dtype=torch.long), torch.zeros(4, dtype=torch.bool))
+    d = ddp.Dist(device=torch.device("meta"))  # the update's device, told apart from the CPU the moments wait on
+    plan = microbatch.plan_update(ro, 4, args, d)
+    microbatch.run_update(model, opt, lambda mb: model(torch.ones(len(mb.rows), 3)).sum(), lambda mb: len(mb.rows),
+                          plan, args, d, 1.0)
+    assert events == [("move", "meta"), ("step", None), ("step", None), ("move", "cpu")], events
+
+
 def test_keep_checkpoints_leaves_every_step_loadable_and_resume_reads_the_newest(tmp_path):
     run_dir, d = tmp_path / "run", ddp.Dist()
     run_dir.mkdir()

@@ -853,3 +853,44 @@ def test_a_mixed_math_and_code_file_trains_and_logs_the_reward_per_ability(cache
         assert low - 1e-9 <= m["reward"] <= high + 1e-9  # the mean over both kinds
     import sandbox  # the policy's programs ran: the run said in which sandbox, at start-up
     assert sandbox.announce() in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("correction", ["token-band", "sequence-band", "token-truncate", "token-mask", "none"])
+def test_the_policy_loss_takes_the_band_mask_in_band_modes_and_the_plain_mask_otherwise(correction, monkeypatch):
+    """train.update_policy: in a "band" mode the tokens whose weight the correction zeroed leave the loss's
+    token mean (prime.band_mask), numerator and denominator; in every other mode the mask is the
+    responses' own, and a zero weight only zeroes a token's term. Checked on what reaches
+    prime.ppo_clip_loss and on the token count that divides it."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from models import Models
+    torch.manual_seed(0)
+    policy = Qwen2ForCausalLM(Qwen2Config(vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                          num_attention_heads=2, num_key_value_heads=1))
+    models = Models("", None, policy, torch.optim.SGD(policy.parameters(), lr=0.0))
+    args = config.Args(rollout_correction=correction, n_samples=2, micro_batch_size=4, max_tokens_per_micro_batch=0)
+    ro = rollout_of(4, 5)
+    b = train.with_plans(train.Batch(ro, torch.ones(4), ro.response_mask.float(), torch.arange(4), [""] * 4,
+                                     [""] * 4, n_train=4, n_prm=4), args, ddp.Dist())
+    weights = torch.ones(4, 5)
+    weights[1, 2] = weights[3, 0] = 0.0  # out of the band
+    seen = []
+    clip = prime.ppo_clip_loss
+    monkeypatch.setattr(prime, "ppo_clip_loss", lambda logp, old, adv, mask, *a, **k: (seen.append(mask.clone()),
+                                                                                      clip(logp, old, adv, mask, *a, **k))[1])
+    counted = []
+    run_update = train.run_update
+    monkeypatch.setattr(train, "run_update", lambda model, opt, loss_fn, count, plan, *a: (
+        counted.append(sum(count(mb) for step in plan for mb in step)), run_update(model, opt, loss_fn, count, plan, *a))[1])
+    train.update_policy(args, models, b, None, torch.ones(4, 5), weights if correction != "none" else None, ddp.Dist())
+    band = correction.endswith("band")
+    expected = b.mask * (weights > 0) if band else b.mask
+    assert torch.equal(torch.cat(seen), expected)
+    assert counted == [float(expected.sum())] and float(expected.sum()) == (18.0 if band else 20.0)
+
+
+def rollout_of(rows: int, width: int):
+    from rollout import Rollout
+    g = torch.Generator().manual_seed(0)
+    ones = torch.ones(rows, width, dtype=torch.long)
+    return Rollout(torch.randint(3, 20, (rows, 3), generator=g), torch.ones(rows, 3, dtype=torch.long),
+                   torch.randint(3, 20, (rows, width), generator=g), ones, torch.zeros(rows, dtype=torch.bool))
