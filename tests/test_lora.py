@@ -304,3 +304,21 @@ def test_the_prm_adapter_learns_to_tell_right_from_wrong(cache_dir):
     score = (reward * b.mask).sum(1)  # Eq. 3's sequence score, up to beta
     assert losses[-1] < losses[0]
     assert score[b.outcome == 1].mean() > score[b.outcome == 0].mean()
+
+
+def test_the_gpu_check_of_a_7b_lora_update_runs_its_code_on_a_small_shape(tmp_path):
+    """bench/bench_lora.py (the GPU check of the 7b preset's update) end to end on CPU at a tiny shape,
+    so that the script the GPU machine runs is the code the tests run: every stage written, every pass
+    timed, the estimate beside it."""
+    import json
+    import subprocess
+    out = tmp_path / "lora.json"
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "bench" / "bench_lora.py"),
+                           "--shape", "tiny", "--rows", "2", "--out", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["stage"] == "memory" and report["lora_rank"] == 64
+    for k in ("reference", "prm_update", "policy_update"):
+        assert report[k]["seconds"] > 0 and report[k]["tokens_per_second"] > 0
+    assert report["estimated_state_plus_update_gb"] > 0
