@@ -27,6 +27,12 @@ The protocol, PRIME's adapted to a 2-core CPU (docs/REPRODUCTION.md section 3 st
            project's 1.0), seed 1, the same split and rule.
   3. seeds both arms at their choices, seeds 1-5, on the whole file: its first 40 questions, which no
            grid run saw, are the held-out ones. Paired by seed (stats.paired), the project's rule.
+Then, on sums2 (LORA_TASKS), does LoRA match full fine-tuning (--lora-rank LORA_RANK, the rest the same)?
+  4. lora-lr     outcome-only with LoRA at the chosen full-FT policy lr x LORA_FACTORS, seed 1, validation
+                 split, the same rule (LoRA's RL lr is about 10x full fine-tuning's: LoRA Without Regret).
+  5. lora-seeds  both arms with LoRA, seeds 1-5, held-out questions: the policy lr chosen in 4, PRIME's PRM
+                 lr the full-FT choice times the same factor, beta the full-FT choice. Each arm's LoRA runs
+                 minus its full-FT runs, paired by seed (lora_table).
 """
 
 import argparse
@@ -68,7 +74,10 @@ LR_LADDER = ["1e-6", "3e-6", "1e-5", "3e-5", "1e-4", "3e-4"]  # ... extended alo
 PRM_GRID = [(1, "0.05"), (1, "1.0"), (3, "0.05"), (3, "1.0")]   # (PRM lr / policy lr, beta)
 SEEDS = [1, 2, 3, 4, 5]
 SCORE_EVALS = 3       # a grid run's score: the mean validation sampled accuracy of its last 3 evaluations
-PHASES = ["lr", "prm", "seeds"]
+PHASES = ["lr", "prm", "seeds", "lora-lr", "lora-seeds"]
+LORA_TASKS = ("sums2",)
+LORA_RANK = "16"      # SmolLM2-135M: 4.9M adapter parameters, 3.6% of the model (alpha: train.py's 32)
+LORA_FACTORS = (1, 3, 10)  # the LoRA policy lr: the full-FT choice times these
 _RECORD = threading.Lock()  # two runs finish at once: one writer of study.json at a time
 
 
@@ -141,6 +150,8 @@ def lr_run_name(task: str, lr: str) -> str:
 def grid_runs(task: str, phase: str, study: dict) -> list[tuple[str, dict]] | None:
     """(run name, setting) of one phase of a task, or None while the phase it rests on is not finished
     (its choice is not made yet). A name is also the run's folder in --out and its key in study.json."""
+    if phase.startswith("lora") and task not in LORA_TASKS:
+        return []
     if phase == "lr":
         return [(lr_run_name(task, lr), dict(arm="rloo", seed=1, policy_lr=lr)) for lr in lr_grid(task, study)]
     lr = choice(task, "lr", study)
@@ -150,9 +161,21 @@ def grid_runs(task: str, phase: str, study: dict) -> list[tuple[str, dict]] | No
         return [(f"{task}-prm-{k}x-beta{beta}-s1", dict(arm="prime", seed=1, policy_lr=lr["policy_lr"],
                                                        prm_lr=f"{k * float(lr['policy_lr']):g}", beta=beta))
                 for k, beta in PRM_GRID]
+    if phase == "lora-lr":
+        return [(f"{task}-lora-lr-rloo-x{k}-s1", dict(arm="rloo", seed=1, policy_lr=f"{k * float(lr['policy_lr']):g}",
+                                                     lora_rank=LORA_RANK))
+                for k in LORA_FACTORS]
     prm = choice(task, "prm", study)
     if prm is None:
         return None
+    if phase == "lora-seeds":
+        lora = choice(task, "lora-lr", study)
+        if lora is None:
+            return None
+        factor = float(lora["policy_lr"]) / float(lr["policy_lr"])
+        lora_prm = dict(prm, policy_lr=lora["policy_lr"], prm_lr=f"{factor * float(prm['prm_lr']):g}", lora_rank=LORA_RANK)
+        return [(f"{task}-lora-{arm}-s{seed}", dict(arm=arm, seed=seed, **(lora if arm == "rloo" else lora_prm)))
+                for seed in SEEDS for arm in ("rloo", "prime")]
     return [(f"{task}-{arm}-s{seed}", dict(arm=arm, seed=seed, **(lr if arm == "rloo" else prm)))
             for seed in SEEDS for arm in ("rloo", "prime")]
 
@@ -177,7 +200,7 @@ def lr_grid(task: str, study: dict) -> list[str]:
 
 
 def arm_flags(setting: dict) -> list[str]:
-    flags = ["--policy-lr", setting["policy_lr"]]
+    flags = ["--policy-lr", setting["policy_lr"], *(["--lora-rank", setting["lora_rank"]] if "lora_rank" in setting else [])]
     if setting["arm"] == "rloo":
         return flags + ["--process", "none"]
     return flags + ["--prm-lr", setting["prm_lr"], "--beta", setting["beta"]]
@@ -260,7 +283,7 @@ def run_protocol(tasks: list[str], args) -> None:
             task, phase, name, setting = job
             failed = True
             try:
-                flags = [*run_flags(task, paths[task], validation=phase != "seeds"), *arm_flags(setting)]
+                flags = [*run_flags(task, paths[task], validation=not phase.endswith("seeds")), *arm_flags(setting)]
                 code = code_version()
                 run_dir = run_arm(name.rsplit("-s", 1)[0], setting["seed"], args, args.threads, flags)
                 record(study_path, name, setting, paths[task], run_dir, code)
@@ -295,7 +318,7 @@ def grid_table(task: str, phase: str, study: dict) -> str:
     if runs is None:
         return f"{task}, {phase}: not started (the lr grid is not finished)"
     chosen = choice(task, phase, study)
-    keys = ["policy_lr"] if phase == "lr" else ["prm_lr", "beta"]
+    keys = ["policy_lr"] if phase in ("lr", "lora-lr") else ["prm_lr", "beta"]
     lines = [f"| {' | '.join(keys)} | validation sampled: start, each 10 steps, end | score (last {SCORE_EVALS}) | "
              "greedy start -> end | PRM pairwise, last 10 steps | minutes (training) | chosen |",
              "| " + " | ".join(["---"] * (len(keys) + 6)) + " |"]
@@ -331,10 +354,10 @@ def last10_cell(runs: list[dict], key: str = "prm_accuracy") -> str:
     return f"{np.mean(values):.2f}" + ("" if len(values) == steps else f" ({len(values)} of {steps} steps)")
 
 
-def seed_runs(task: str, study: dict) -> dict[str, dict[int, dict]]:
-    """{arm: {seed: recorded run}} of the task's seeds phase."""
+def seed_runs(task: str, study: dict, phase: str = "seeds") -> dict[str, dict[int, dict]]:
+    """{arm: {seed: recorded run}} of the task's seeds phase (or lora-seeds)."""
     out = {"rloo": {}, "prime": {}}
-    for name, setting in grid_runs(task, "seeds", study) or []:
+    for name, setting in grid_runs(task, phase, study) or []:
         if name in study["runs"]:
             out[setting["arm"]][setting["seed"]] = study["runs"][name]
     return out
@@ -407,6 +430,30 @@ def seeds_table(task: str, study: dict) -> str:
     return "\n".join(lines)
 
 
+def lora_table(task: str, study: dict) -> str:
+    """Each arm with LoRA against the same arm fully fine-tuned, paired by seed (the same start, prompts and
+    held-out questions): held-out sampled and greedy accuracy at the end, and the minutes of training a
+    step of each (their runs' own machines: compare them only where the two ran on one machine)."""
+    full, lora = seed_runs(task, study), seed_runs(task, study, "lora-seeds")
+    lines = ["| arm | seeds (LoRA / full) | held-out sampled, LoRA / full (end) | LoRA - full, sampled, paired | "
+             "95% interval | LoRA - full, greedy, paired | training s a step, LoRA / full | collapsed, LoRA / full |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for arm in ("rloo", "prime"):
+        a, b = lora[arm], full[arm]
+        seeds = [s for s in a if s in b and start_of(a[s]) == start_of(b[s])]
+        cells = []
+        for key in ("heldout_sampled", "heldout_greedy"):
+            p = paired({s: a[s]["curves"][key][-1] for s in seeds}, {s: b[s]["curves"][key][-1] for s in seeds})
+            cells.append(paired_cells(p, any(collapsed(r[s]) for r in (a, b) for s in seeds)))
+        per_step = [np.mean([r["curves"]["train_seconds"][-1] / r["summary"]["steps"] for r in x.values()])
+                    if x else float("nan") for x in (a, b)]
+        end = [np.mean([r["curves"]["heldout_sampled"][-1] for r in x.values()]) if x else float("nan") for x in (a, b)]
+        lines.append(f"| {LABELS[arm]} | {len(a)} / {len(b)} | {end[0]:.3f} / {end[1]:.3f} | {cells[0][0]} | "
+                     f"{cells[0][1]} | {cells[1][0]} | {per_step[0]:.1f} / {per_step[1]:.1f} | "
+                     f"{sum(map(collapsed, a.values()))} / {sum(map(collapsed, b.values()))} |")
+    return "\n".join(lines)
+
+
 def plot_task(task: str, study: dict, figures: Path) -> Path | None:
     """The seeds phase: held-out sampled accuracy against step and against training seconds (the
     compute each arm spent), the training reward, PRIME's PRM pairwise accuracy and the share of right
@@ -456,6 +503,11 @@ def report(tasks: list[str], figures: Path) -> None:
         print(f"\n# {task}\n\n## 1. the policy lr, outcome-only, validation split\n\n{grid_table(task, 'lr', study)}")
         print(f"\n## 2. the PRM lr and beta, PRIME, validation split\n\n{grid_table(task, 'prm', study)}")
         print(f"\n## 3. five seeds an arm, held-out questions\n\n{seeds_table(task, study)}")
+        if task in LORA_TASKS:
+            print(f"\n## 4. LoRA (rank {LORA_RANK}): the policy lr, outcome-only, validation split\n\n"
+                  f"{grid_table(task, 'lora-lr', study)}")
+            print(f"\n## 5. LoRA against full fine-tuning, five seeds an arm, held-out questions\n\n"
+                  f"{lora_table(task, study)}")
         path = plot_task(task, study, figures)
         if path:
             print(f"\n{path}")

@@ -245,3 +245,43 @@ def test_the_report_draws_each_tasks_seeds_from_study_json_alone(tmp_path, capsy
     out = capsys.readouterr().out
     assert "## 3. five seeds an arm" in out and "| PRIME | 2 |" in out and "0.20 (2 of 3 steps) (1 seed)" in out
     assert (tmp_path / "study-chains.png").stat().st_size > 10_000
+
+
+def test_the_lora_phases_scale_the_full_choices_and_pair_each_arm_with_its_full_runs():
+    """sums2 only: the LoRA lr grid is the full-FT choice x LORA_FACTORS; the LoRA seeds run both arms at
+    the chosen factor, PRIME's PRM lr scaled by it and its beta kept; lora_table pairs each arm's LoRA run
+    with the same arm's full-FT run of the same seed, by hand."""
+    study = {"runs": {}}
+    full = {"rloo": {"policy_lr": "1e-5"}, "prime": {"policy_lr": "1e-5", "prm_lr": "3e-5", "beta": "0.05"}}
+    for name, _ in real_study.grid_runs("sums2", "lr", study):
+        study["runs"][name] = recorded("rloo", 1, [0.1, 0.2, 0.2, 0.2], setting={"policy_lr": "1e-5"})
+    for name, s in real_study.grid_runs("sums2", "prm", study):
+        study["runs"][name] = recorded("prime", 1, [0.1, 0.2, 0.2, 0.2], setting=s)
+    lr = float(real_study.choice("sums2", "lr", study)["policy_lr"])
+    prm = real_study.choice("sums2", "prm", study)
+    assert real_study.grid_runs("chains", "lora-lr", study) == []  # LoRA's comparison is on sums2 alone
+    grid = real_study.grid_runs("sums2", "lora-lr", study)
+    assert [float(s["policy_lr"]) for _, s in grid] == [pytest.approx(k * lr) for k in real_study.LORA_FACTORS]
+    assert real_study.grid_runs("sums2", "lora-seeds", study) is None  # waits for the LoRA lr grid
+    for (name, s), end in zip(grid, [0.3, 0.6, 0.4]):  # x3 wins
+        study["runs"][name] = recorded("rloo", 1, [0.1, end, end, end], setting=s)
+    seeds = dict(real_study.grid_runs("sums2", "lora-seeds", study))
+    assert len(seeds) == 10
+    assert float(seeds["sums2-lora-rloo-s1"]["policy_lr"]) == pytest.approx(3 * lr)
+    assert float(seeds["sums2-lora-prime-s2"]["prm_lr"]) == pytest.approx(3 * float(prm["prm_lr"]))
+    assert seeds["sums2-lora-prime-s2"]["beta"] == prm["beta"]
+    assert real_study.arm_flags(seeds["sums2-lora-rloo-s1"])[2:4] == ["--lora-rank", real_study.LORA_RANK]
+    # five seeds of each: LoRA's outcome-only ends 0.02 above full in every seed, PRIME's mixed
+    for seed in range(1, 6):
+        for arm, lora_end, full_end in (("rloo", 0.62, 0.60), ("prime", 0.5 + 0.01 * seed, 0.53)):
+            setting = {**full[arm]}
+            study["runs"][f"sums2-{arm}-s{seed}"] = recorded(arm, seed, [0.1, full_end], (0.9, 0.9), setting=setting)
+            study["runs"][f"sums2-lora-{arm}-s{seed}"] = recorded(arm, seed, [0.1, lora_end], (0.9, 0.9),
+                                                                  setting=seeds[f"sums2-lora-{arm}-s{seed}"])
+            for name in (f"sums2-{arm}-s{seed}", f"sums2-lora-{arm}-s{seed}"):
+                study["runs"][name]["summary"] = {"steps": 3}
+    rows = real_study.lora_table("sums2", study).splitlines()[2:]
+    assert rows[0].startswith("| outcome-only | 5 / 5 | 0.620 / 0.600 | +0.020 (t inf, 5/5 up; up) |")
+    # PRIME: differences -0.02, -0.01, 0, +0.01, +0.02: mean 0, 2 up
+    assert "| +0.000 (t 0.0, 2/5 up; none) |" in rows[1]
+    assert "| 60.0 / 60.0 |" in rows[0]  # 180 s of training over 3 steps, each
