@@ -133,12 +133,24 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
+def adapter_base(path: str) -> str | None:
+    """The base model of a LoRA adapter folder (train.py --lora-rank's final/: adapter_config.json and
+    adapter_model.safetensors, PEFT's format), or None for a whole model."""
+    config = Path(path) / "adapter_config.json"
+    return json.loads(config.read_text())["base_model_name_or_path"] if config.exists() else None
+
+
 def load_model(path: str):
-    """The policy in bf16 on a GPU (what vLLM would run) or fp32 on CPU (bf16 matmuls are slow there)."""
+    """The policy in bf16 on a GPU (what vLLM would run) or fp32 on CPU (bf16 matmuls are slow there); a
+    LoRA adapter folder on its base, unmerged (the same computation as in training)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    base = adapter_base(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(base or path, dtype=dtype)
+        if base:
+            from peft import PeftModel
+            model = PeftModel.from_pretrained(model, path)
     except OSError as error:
         raise SystemExit(f"--model {path}: cannot load it ({error})") from None
     return model.to(device).eval()
@@ -154,10 +166,15 @@ def make_sampler(args, tokenizer, max_new_tokens: int):
     if args.rollout == "hf":
         return HFRollout(load_model(args.model), tokenizer, max_new_tokens, args.temperature, args.top_p)
     on_gpu = torch.cuda.is_available()
-    return VLLMRollout(args.model, tokenizer, max_new_tokens, args.temperature, args.top_p,
-                       max_model_len=AutoConfig.from_pretrained(args.model).max_position_embeddings,
-                       seed=args.seed, dtype="bfloat16" if on_gpu else "float32",
-                       gpu_memory_utilization=args.gpu_memory_utilization)
+    base = adapter_base(args.model)  # a LoRA adapter: the engine loads its base and takes the adapter
+    rank = json.loads((Path(args.model) / "adapter_config.json").read_text())["r"] if base else 0
+    engine = VLLMRollout(base or args.model, tokenizer, max_new_tokens, args.temperature, args.top_p,
+                         max_model_len=AutoConfig.from_pretrained(base or args.model).max_position_embeddings,
+                         seed=args.seed, dtype="bfloat16" if on_gpu else "float32",
+                         gpu_memory_utilization=args.gpu_memory_utilization, lora_rank=rank)
+    if base:
+        engine.use_adapter(args.model)
+    return engine
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -295,15 +295,19 @@ class VLLMRollout:
         under the same id unless told to reload it (`load_inplace=True`), and its prefix cache keeps
         KV blocks computed under the old adapter (reset here). The base never changes, so a sleeping
         engine (level 1: weights kept in CPU memory) wakes with it as it was."""
-        from vllm.lora.request import LoRARequest  # optional, as above
-
         if self.asleep:
             torch.cuda.empty_cache()
             self.llm.wake_up()
             self.asleep = False
         adapter.save_pretrained(self.adapter_dir)
-        self.llm.llm_engine.add_lora(LoRARequest("policy", 1, self.adapter_dir, load_inplace=True))
-        self.lora = LoRARequest("policy", 1, self.adapter_dir)  # held now: later requests only name it
+        self.use_adapter(self.adapter_dir)
+
+    def use_adapter(self, folder: str) -> None:
+        """Sample with the LoRA adapter in `folder` (PEFT's format) from now on, replacing the one held."""
+        from vllm.lora.request import LoRARequest  # optional, as above
+
+        self.llm.llm_engine.add_lora(LoRARequest("policy", 1, str(folder), load_inplace=True))
+        self.lora = LoRARequest("policy", 1, str(folder))  # held now: later requests only name it
         self.llm.reset_prefix_cache()
 
     def generate(self, prompt_token_ids: list[list[int]], n: int = 1, greedy: bool = False,

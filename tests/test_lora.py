@@ -159,6 +159,14 @@ def test_the_base_at_the_end_of_a_run_is_bit_identical_to_its_start(cache_dir, t
     assert digest(ended[k] for k in names) == digest(t for _, t in [*start.named_parameters(), *start.named_buffers()])
     moved = digest(adapter_of(built[0].policy))
     assert moved != digest(torch.zeros_like(p) for p in adapter_of(built[0].policy))  # it did train
+    # final/ is the policy's adapter on its base: eval.py loads it unmerged, with the trained numbers
+    import eval as evaluation
+    final = tmp_path / "lora" / "final"
+    assert evaluation.adapter_base(str(final)) == built[0].path
+    loaded = {k.replace(".default.", ".policy."): v for k, v in evaluation.load_model(str(final)).named_parameters()
+              if ".lora_" in k}
+    trained = {k: v for k, v in built[0].policy.shared.named_parameters() if ".lora_" in k and ".policy." in k}
+    assert loaded.keys() == trained.keys() and all(torch.equal(loaded[k], trained[k]) for k in trained)
 
 
 def tiny_lm(dtype):

@@ -267,7 +267,13 @@ def test_torchrun_two_ranks_with_lora_adapters_pushed_into_each_engine(vllm, sft
         assert m["response_length"] > 0 and 0 <= m["rollout_logp_abs_diff"] < LOGPROB_TOL, m
         assert abs(math.log(m["rollout_rho_max"])) < LOGPROB_TOL, m
     assert sum(m["refill_draws"] for m in metrics) > 0, "no step refilled: the test would not cover it"
-    assert (tmp_path / "v" / "final" / "adapter_model.safetensors").exists()
+    final = tmp_path / "v" / "final"
+    assert (final / "adapter_model.safetensors").exists()
+    # eval.py on the adapter: vLLM (its base and the adapter) answers as HF generate (base + adapter) does
+    hf = run_eval(final, tmp_path / "hf.json", "--greedy")
+    fast = run_eval(final, tmp_path / "vllm.json", "--greedy", "--rollout", "vllm")
+    answers = [[q["answers"] for q in r["benchmarks"]["toy"]["per_problem"]] for r in (hf, fast)]
+    assert answers[0] == answers[1]
 
 
 def test_the_engine_sleeps_through_the_updates_and_is_awake_to_sample_refill_and_evaluate(vllm, sft_path, tmp_path):
