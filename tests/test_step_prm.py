@@ -84,7 +84,7 @@ def test_checker_steps_finds_the_first_wrong_line_of_a_chains_batch_and_no_check
                  "7+5=12\n12+8=20\n\\boxed{20}",     # right
                  "7+5=12\n12+8=21\n\\boxed{21}"]     # slips at line 1
     ro = padded_rollout(tok, responses)
-    ids, mask = ro.response_ids, ro.response_mask
+    mask = ro.response_mask
     step_ids, first_wrong = step_prm.checker_steps(tok, [question] * 3, responses, ro, embedded=False)
     assert first_wrong.tolist() == [0, -1, 1]
     # row 1 by hand: "7+5=12\n" is line 0 (7 tokens), "12+8=20\n" line 1 (8), "\\boxed{20}" line 2
