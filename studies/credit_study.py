@@ -870,10 +870,16 @@ def slip_scores(seed: int, arms: list[str], out: str, problems: int, samples: in
 
 
 def slip_report(scores: dict) -> str:
-    """The paired table from slip.json ({seed: {arm: {step: statistics}}}): at each step after the
-    start, each pair of SLIP_PAIRS (arm - against, paired by seed) in the frozen PRM's mean reward of
-    slipped lines, of right lines, and of slipped minus right (how much more the PRM likes the slips
-    each policy writes than its right lines), and each arm's slips per response."""
+    """The paired table from slip.json ({seed: {arm: {step: statistics}}}). The test is the step-40
+    (SLIP_STEPS[-1]) difference of each pair of SLIP_PAIRS (arm - against, paired by seed) in the frozen
+    PRM's mean reward of slipped lines: a verdict by the one rule, a collapsed run (stats.collapsed on
+    the scored prompts' greedy accuracy, step 0 against step 40) giving a sign count instead of a t.
+    Beside it, as numbers without a verdict: right lines, slipped minus right (how much more the PRM
+    likes the slips each policy writes than its right lines), slips per response; and the earlier
+    steps' slipped-line differences, the way there. A slip.json without greedy accuracy cannot apply
+    the collapse rule: its step-40 cell says so and gives no verdict."""
+    last = SLIP_STEPS[-1]
+
     def at(arm, step, key):
         return {int(seed): v[arm][str(step)][key] for seed, v in scores.items() if arm in v}
 
@@ -881,17 +887,35 @@ def slip_report(scores: dict) -> str:
         slip, right = at(arm, step, "slip_reward"), at(arm, step, "right_reward")
         return {seed: slip[seed] - right[seed] for seed in slip}
 
-    lines = ["| step | arm - against | slipped lines | right lines | slipped - right | slips per response, arm / "
-             "against |", "| --- | --- | --- | --- | --- | --- |"]
-    for step in SLIP_STEPS[1:]:
-        for arm, against in SLIP_PAIRS:
-            if not at(arm, step, "slip_reward") or not at(against, step, "slip_reward"):
-                continue
-            cells = [paired_text(paired(at(arm, step, k), at(against, step, k))) for k in ("slip_reward", "right_reward")]
-            per_response = [np.mean(list(at(a, step, "slips_per_response").values())) for a in (arm, against)]
-            lines.append(f"| {step} | {CREDIT_LABELS[arm]} - {CREDIT_LABELS[against]} | {cells[0]} | {cells[1]} | "
-                         f"{paired_text(paired(gap(arm, step), gap(against, step)))} | "
-                         f"{per_response[0]:.2f} / {per_response[1]:.2f} |")
+    def mean_up(p):
+        return f"{p['mean']:+.3f} ({p['up']}/{len(p['seeds'])} up)"
+
+    def fell(arm):  # runs of the arm whose greedy accuracy on the scored prompts collapsed by the last step
+        start, end = at(arm, 0, "greedy"), at(arm, last, "greedy")
+        return sum(collapsed(start[s], end[s]) for s in end)
+
+    checkable = all("greedy" in v[arm][str(step)] for v in scores.values() for arm in v for step in (0, last))
+    lines = [f"| pair | slipped lines at step {last}: the test | 95% interval | runs collapsed (arm / against) | "
+             f"right lines at {last} | slipped - right at {last} | slips per response at {last}, arm / against | "
+             "slipped lines at steps " + ", ".join(map(str, SLIP_STEPS[1:-1])) + " |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for arm, against in SLIP_PAIRS:
+        if not at(arm, last, "slip_reward") or not at(against, last, "slip_reward"):
+            continue
+        p = paired(at(arm, last, "slip_reward"), at(against, last, "slip_reward"))
+        if checkable:
+            runs = [fell(arm), fell(against)]
+            cell, interval = paired_cells(p, any(runs))
+            runs = f"{runs[0]} / {runs[1]}"
+        else:
+            cell, interval, runs = f"{mean_up(p)}; no greedy accuracy recorded: collapses unchecked, no verdict", "n/a", "?"
+        earlier = ", ".join(mean_up(paired(at(arm, k, "slip_reward"), at(against, k, "slip_reward")))
+                            for k in SLIP_STEPS[1:-1])
+        per_response = [np.mean(list(at(a, last, "slips_per_response").values())) for a in (arm, against)]
+        lines.append(f"| {CREDIT_LABELS[arm]} - {CREDIT_LABELS[against]} | {cell} | {interval} | {runs} | "
+                     f"{mean_up(paired(at(arm, last, 'right_reward'), at(against, last, 'right_reward')))} | "
+                     f"{mean_up(paired(gap(arm, last), gap(against, last)))} | "
+                     f"{per_response[0]:.2f} / {per_response[1]:.2f} | {earlier} |")
     return "\n".join(lines)
 
 

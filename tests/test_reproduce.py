@@ -444,8 +444,45 @@ def test_slip_rewards_end_to_end_on_the_default_task(cache_dir, tmp_path, monkey
     state = lambda run, step: torch.load(runs / run / f"checkpoint-{step}" / "state.pt", weights_only=False)["prm"]  # noqa: E731
     scorer, held = state("slip-sparser-implicit-nf-mixed-e1-s1", 1), state(f"slip-sparser-{freeze}-s1", 2)
     assert all(torch.equal(scorer[k], held[k]) for k in scorer)
-    rows = [line for line in stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
-    assert len(rows) == 6 and all("/2 up" in row for row in rows)
+    rows = [line for line in stdout.splitlines() if line.startswith("| PRIME, local")]
+    assert len(rows) == 3 and all("/2 up" in row and "unchecked" not in row for row in rows)
+    assert all(0 <= r["greedy"] <= 1 for v in scores.values() for a in v.values() for r in a.values())
+
+
+def slip_scores_by_hand(slipped: dict, greedy: dict) -> dict:
+    """slip.json's shape for 5 seeds: each arm's slipped-line reward at each step (its right lines 0,
+    one slip per response), and its greedy accuracy at step 0 and at the end ({arm: (start, [end by seed])})."""
+    out = {}
+    for seed in range(1, 6):
+        out[str(seed)] = {arm: {str(step): {"slip_reward": slipped[arm][seed - 1] * step / 40, "right_reward": 0.0,
+                                            "slips_per_response": 1.0, "accuracy": 0.1,
+                                            **({"greedy": greedy[arm][0] if step == 0 else greedy[arm][1][seed - 1]}
+                                               if greedy else {})}
+                                for step in credit_study.SLIP_STEPS} for arm in slipped}
+    return out
+
+
+def test_the_slip_tests_verdict_applies_the_collapse_rule_at_step_40():
+    """credit_study.slip_report: the step-40 slipped-line difference gets the one rule's verdict; a
+    collapsed run on either side (greedy below half its start's: PRIME's, or outcome-only's) turns it
+    into a sign count; exactly half is no collapse; without greedy accuracy there is no verdict. The
+    earlier steps are numbers only."""
+    prime, outcome = "implicit-nf-mixed-e1", "outcome-nf"
+    slipped = {prime: [1.0, 1.1, 0.9, 1.2, 1.0], outcome: [0.0, 0.05, -0.05, 0.1, 0.0]}
+    fine = {prime: (1.0, [0.5, 0.9, 0.9, 0.9, 0.9]), outcome: (1.0, [1.0] * 5)}  # 0.5 = half: not below it
+    row = lambda table: [r for r in table.splitlines() if r.startswith("| PRIME, local - outcome-only")][0]  # noqa: E731
+    cells = [c.strip() for c in row(credit_study.slip_report(slip_scores_by_hand(slipped, fine))).strip("|").split("|")]
+    # differences 1.0, 1.05, 0.95, 1.1, 1.0: mean 1.02, sd 0.0570, t = 1.02 / (0.0570 / sqrt 5) = 40.0
+    assert cells[1] == "+1.020 (t 40.0, 5/5 up; up)" and cells[2] == "[+0.949, +1.091]" and cells[3] == "0 / 0"
+    assert "(t" not in cells[-1] and cells[-1].count("5/5 up") == 3  # steps 10-30: numbers, no verdict
+    prime_fell = {**fine, prime: (1.0, [0.49, 0.9, 0.9, 0.9, 0.9])}
+    cells = row(credit_study.slip_report(slip_scores_by_hand(slipped, prime_fell))).split("|")
+    assert "bimodal: sign test p 0.06, no t" in cells[2] and cells[3].strip() == "n/a" and cells[4].strip() == "1 / 0"
+    outcome_fell = {**fine, outcome: (0.8, [0.8, 0.39, 0.8, 0.8, 0.8])}  # below half of its own start
+    cells = row(credit_study.slip_report(slip_scores_by_hand(slipped, outcome_fell))).split("|")
+    assert "bimodal" in cells[2] and cells[4].strip() == "0 / 1"
+    cells = row(credit_study.slip_report(slip_scores_by_hand(slipped, {}))).split("|")
+    assert "no greedy accuracy recorded: collapses unchecked, no verdict" in cells[2] and "up;" not in cells[2]
 
 
 def test_plots_from_json_draws_every_study_figure_from_the_shipped_numbers(tmp_path):
