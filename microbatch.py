@@ -107,7 +107,7 @@ class MicroBatch:
     width: int
     weight: float = 1.0
 
-    def of(self, x: torch.Tensor) -> torch.Tensor:
+    def rows_of(self, x: torch.Tensor) -> torch.Tensor:
         return x[self.rows.to(x.device), :self.width]
 
     def put(self, x: torch.Tensor, value: torch.Tensor) -> None:

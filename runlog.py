@@ -242,6 +242,13 @@ def nanmean(values) -> float | None:
 # ---------------------------------------------------------------------------------------------------
 
 
+def seed_all(seed: int) -> None:
+    """Seed torch's, Python's and NumPy's random streams (train.py: seed + rank, so ranks draw differently)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
 def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}

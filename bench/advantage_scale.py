@@ -70,7 +70,7 @@ def main(argv=None) -> None:
         if not kept:
             continue
         with torch.no_grad():
-            logp_ref = microbatch.logprobs_no_grad(models.reference, b.ro, args)
+            logp_ref = microbatch.logprobs_no_grad(models.reference, b.rollout, args)
             signal, _, step_ids, _ = train.process_signal(args, models, b, None, logp_ref, d, k)
             process = train.process_rewards(args, signal, step_ids, b.train_mask, b.outcome, d)
         mask, n, o = b.train_mask, args.n_samples, b.outcome

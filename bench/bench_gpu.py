@@ -131,10 +131,10 @@ def run(args, device, shapes: dict = QWEN25_05B) -> dict:
 
         def policy_loss_fn(mb):
             logp = microbatch.response_logprobs(policy, mb.rollout(ro))
-            return prime.ppo_clip_loss(logp, mb.of(logp_old), mb.of(adv), mb.of(mask), 0.2)
+            return prime.ppo_clip_loss(logp, mb.rows_of(logp_old), mb.rows_of(adv), mb.rows_of(mask), 0.2)
 
         with phase("policy", B * T):
-            microbatch.run_update(policy, policy_opt, policy_loss_fn, lambda mb: float(mb.of(mask).sum()),
+            microbatch.run_update(policy, policy_opt, policy_loss_fn, lambda mb: float(mb.rows_of(mask).sum()),
                                   microbatch.plan_update(ro, B, loop_args, d), loop_args, d, 1.0)
         with phase("sync", sum(p.numel() for p in policy.parameters())):
             sampler.push_weights(policy)

@@ -115,7 +115,7 @@ def main(argv=None) -> dict:
         return result, time.time() - start
 
     def one_round():
-        logp_ref, t_ref = timed(lambda: microbatch.logprobs_no_grad(m.reference, b.ro, args, plan=b.prm_plan))
+        logp_ref, t_ref = timed(lambda: microbatch.logprobs_no_grad(m.reference, b.rollout, args, plan=b.prm_plan))
         _, t_prm = timed(lambda: train.implicit_prm_step(m.prm, m.prm_opt, b, logp_ref, args, d))
         _, t_policy = timed(lambda: train.update_policy(args, m, b, None, adv, None, d))
         return {"reference": t_ref, "prm_update": t_prm, "policy_update": t_policy}

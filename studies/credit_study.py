@@ -654,9 +654,9 @@ def policy_gradients(run_dir: Path | None, batches: int, seed: int = 0, at_start
         b, kept = train.kept_batch(ro, outcome, texts, tasks, base, d)
         if not kept:
             continue
-        logp_ref = microbatch.logprobs_no_grad(models.reference, b.ro, base)
+        logp_ref = microbatch.logprobs_no_grad(models.reference, b.rollout, base)
         formats = torch.tensor([scores[i].format for i in b.rows.tolist()], dtype=torch.float32)
-        logp = microbatch.response_logprobs(policy, b.ro, base.temperature)
+        logp = microbatch.response_logprobs(policy, b.rollout, base.temperature)
         for name, args in configs.items():
             models.step_scorer = scorers[args.step_scorer]  # each construction's own checker
             signal, _, step_ids, _ = train.process_signal(args, models, b, None, logp_ref, d, k)

@@ -44,10 +44,10 @@ def run_case(saved: dict, rows0, rows1, flags: dict, d) -> dict:
 
     def loss_fn(mb):
         logp = microbatch.response_logprobs(wrapped, mb.rollout(mine), temperature)
-        return prime.ppo_clip_loss(logp, mb.of(logp_old[rows]), mb.of(adv[rows]), mb.of(mask), 0.2)
+        return prime.ppo_clip_loss(logp, mb.rows_of(logp_old[rows]), mb.rows_of(adv[rows]), mb.rows_of(mask), 0.2)
 
     plan = microbatch.plan_update(mine, n_rows, args, d)
-    losses = microbatch.run_update(wrapped, optimizer, loss_fn, lambda mb: float(mb.of(mask).sum()), plan, args, d, 1e9)
+    losses = microbatch.run_update(wrapped, optimizer, loss_fn, lambda mb: float(mb.rows_of(mask).sum()), plan, args, d, 1e9)
     return dict(delta=[p.detach() - s for p, s in zip(model.parameters(), start)], losses=losses,
                 micro_batches=len(plan[0]))
 

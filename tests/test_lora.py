@@ -104,7 +104,7 @@ def test_step_one_reward_is_exactly_zero_through_ddp_with_gradient_checkpointing
         assert all(t.dtype == base_dtype for t in base_of(models) if t.is_floating_point() and t.dim() == 2)
         assert all(p.dtype == torch.float32 for p in models.prm.parameters())  # fp32 adapters
         b = train.with_plans(batch_of(models), args, d)
-        logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.ro, args, args.temperature, b.plan)
+        logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.rollout, args, args.temperature, b.plan)
         logp_ref = train.reference_logprobs(args, models, b, logp_old)
         reward, _ = train.implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d)
         first = torch.cat([mb.rows for mb in b.prm_plan[0]])
@@ -129,10 +129,10 @@ def test_each_update_moves_its_own_adapter_and_leaves_the_other_and_the_base_bit
     assert digest(adapter_of(models.policy)) != policy
     assert digest(adapter_of(models.prm)) == prm and digest(base_of(models)) == base
     policy = digest(adapter_of(models.policy))
-    logp_ref = microbatch.logprobs_no_grad(models.reference, b.ro, args, plan=b.prm_plan)
+    logp_ref = microbatch.logprobs_no_grad(models.reference, b.rollout, args, plan=b.prm_plan)
     from transformers import AutoModelForCausalLM
     sft = AutoModelForCausalLM.from_pretrained(models.path, dtype=torch.float32)
-    assert torch.equal(logp_ref, microbatch.logprobs_no_grad(sft, b.ro, args, plan=b.prm_plan))  # the SFT model
+    assert torch.equal(logp_ref, microbatch.logprobs_no_grad(sft, b.rollout, args, plan=b.prm_plan))  # the SFT model
     train.implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d)
     assert digest(adapter_of(models.prm)) != prm
     assert digest(adapter_of(models.policy)) == policy and digest(base_of(models)) == base
@@ -306,7 +306,7 @@ def test_the_prm_adapter_learns_to_tell_right_from_wrong(cache_dir):
     d = ddp.Dist()
     models = models_module.build_models(args, d)
     b = train.with_plans(batch_of(models), args, d)
-    logp_ref = microbatch.logprobs_no_grad(models.reference, b.ro, args, plan=b.prm_plan)
+    logp_ref = microbatch.logprobs_no_grad(models.reference, b.rollout, args, plan=b.prm_plan)
     losses = [train.implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d)[1][0] for _ in range(6)]
     reward, _ = train.implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d, update=False)
     score = (reward * b.mask).sum(1)  # Eq. 3's sequence score, up to beta

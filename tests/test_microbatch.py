@@ -176,10 +176,10 @@ def policy_step(b, dtype=torch.float64, **flags):
 
     def loss_fn(mb):
         logp = microbatch.response_logprobs(model, mb.rollout(ro), b["temperature"])
-        return prime.ppo_clip_loss(logp, mb.of(logp_old), mb.of(adv), mb.of(mask), 0.2)
+        return prime.ppo_clip_loss(logp, mb.rows_of(logp_old), mb.rows_of(adv), mb.rows_of(mask), 0.2)
 
     losses = microbatch.run_update(model, torch.optim.SGD(model.parameters(), lr=1.0), loss_fn,
-                              lambda mb: float(mb.of(mask).sum()), microbatch.plan_update(ro, len(ro), args, ddp.Dist()),
+                              lambda mb: float(mb.rows_of(mask).sum()), microbatch.plan_update(ro, len(ro), args, ddp.Dist()),
                               args, ddp.Dist(), 1e9)
     return [p.detach() - s for p, s in zip(model.parameters(), start)], losses
 
@@ -290,9 +290,9 @@ def test_a_step_with_nothing_kept_on_any_rank_leaves_the_weights_alone(toy_batch
 
     def loss_fn(mb):
         logp = microbatch.response_logprobs(model, mb.rollout(ro))
-        return prime.ppo_clip_loss(logp, mb.of(toy_batch["logp_old"]), mb.of(toy_batch["adv"]), mb.of(mask), 0.2)
+        return prime.ppo_clip_loss(logp, mb.rows_of(toy_batch["logp_old"]), mb.rows_of(toy_batch["adv"]), mb.rows_of(mask), 0.2)
 
-    count, args = lambda mb: float(mb.of(mask).sum()), config.Args()
+    count, args = lambda mb: float(mb.rows_of(mask).sum()), config.Args()
     microbatch.run_update(model, optimizer, loss_fn, count, microbatch.plan_update(ro, len(ro), args, ddp.Dist()), args,
                      ddp.Dist(), 1.0)  # a real step first: AdamW now has momentum
     before = [p.detach().clone() for p in model.parameters()]

@@ -54,7 +54,7 @@ def test_first_mini_batch_reward_is_exactly_zero_and_ratio_exactly_one(precision
     b = train.with_plans(b, args, d)
     prm_plan = b.prm_plan
     first = torch.cat([mb.rows for mb in prm_plan[0]])
-    logp_ref = microbatch.logprobs_no_grad(models.reference, b.ro, args, plan=prm_plan)
+    logp_ref = microbatch.logprobs_no_grad(models.reference, b.rollout, args, plan=prm_plan)
     reward, _ = train.implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d)
     assert reward[first].abs().max().item() == 0.0
     later = torch.cat([mb.rows for mb in prm_plan[1]])
@@ -65,7 +65,7 @@ def test_first_mini_batch_reward_is_exactly_zero_and_ratio_exactly_one(precision
     monkeypatch.setattr(prime, "ppo_clip_loss", lambda logp, old, *a, **k: (
         ratios.append((logp.detach() - old).abs().max().item()), ppo_clip_loss(logp, old, *a, **k))[1])
     plan = b.plan
-    logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.ro, args, args.temperature, plan)
+    logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.rollout, args, args.temperature, plan)
     adv = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(1)).to(d.device) * b.mask
     train.update_policy(args, models, b, logp_old, adv, None, d)
     n_first = len(plan[0])
@@ -98,7 +98,7 @@ def test_reward_zero_and_ratio_one_through_ddp_with_gradient_checkpointing(preci
         b = batch_of(args, models)
         b.outcome, b.mask = b.outcome.to(d.device), b.mask.to(d.device)
         b = train.with_plans(b, args, d)
-        logp_ref = microbatch.logprobs_no_grad(models.reference, b.ro, args, plan=b.prm_plan)
+        logp_ref = microbatch.logprobs_no_grad(models.reference, b.rollout, args, plan=b.prm_plan)
         reward, _ = train.implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d)
         first = torch.cat([mb.rows for mb in b.prm_plan[0]])
         assert reward[first].abs().max().item() == 0.0
@@ -106,7 +106,7 @@ def test_reward_zero_and_ratio_one_through_ddp_with_gradient_checkpointing(preci
         ppo_clip_loss = prime.ppo_clip_loss
         monkeypatch.setattr(prime, "ppo_clip_loss", lambda logp, old, *a, **k: (
             ratios.append((logp.detach() - old).abs().max().item()), ppo_clip_loss(logp, old, *a, **k))[1])
-        logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.ro, args, args.temperature, b.plan)
+        logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.rollout, args, args.temperature, b.plan)
         adv = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(1)).to(d.device) * b.mask
         train.update_policy(args, models, b, logp_old, adv, None, d)
         assert ratios[:len(b.plan[0])] == [0.0] * len(b.plan[0]), ratios
@@ -134,7 +134,7 @@ def test_with_the_policy_as_reference_the_first_reward_is_exactly_zero_at_any_te
     b = batch_of(args, models)
     b.outcome, b.mask = b.outcome.to(d.device), b.mask.to(d.device)
     b = train.with_plans(b, args, d)
-    logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.ro, args, args.temperature, b.plan)
+    logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.rollout, args, args.temperature, b.plan)
     logp_ref = train.reference_logprobs(args, models, b, logp_old)
     first = torch.cat([mb.rows for mb in b.prm_plan[0]])
     assert (logp_ref - logp_old)[first].abs().max().item() > 1e-3  # two temperatures: not the same numbers
@@ -192,9 +192,9 @@ def test_paired_layout_is_the_updates_micro_batches_then_the_rest(cache_dir):
     b = batch_of(args, models)
     b.n_prm = 12  # the PRM learns from the first 12 rows (e.g. --prm-groups mixed)
     plan = train.with_plans(b, args, d).prm_plan
-    layout = microbatch.paired_layout(b.ro, args, plan)
+    layout = microbatch.paired_layout(b.rollout, args, plan)
     rows = [mb.rows.tolist() for mb in layout]
     assert rows[:sum(len(s) for s in plan)] == [mb.rows.tolist() for s in plan for mb in s]
-    assert rows[sum(len(s) for s in plan):] == [mb.rows.tolist() for mb in microbatch.pack_rows(b.ro, 12, 16, args)]
+    assert rows[sum(len(s) for s in plan):] == [mb.rows.tolist() for mb in microbatch.pack_rows(b.rollout, 12, 16, args)]
     assert sorted(sum(rows, [])) == list(range(16))  # every row once
-    assert rows != [mb.rows.tolist() for mb in microbatch.pack_rows(b.ro, 0, 16, args)]  # not one pass's layout
+    assert rows != [mb.rows.tolist() for mb in microbatch.pack_rows(b.rollout, 0, 16, args)]  # not one pass's layout

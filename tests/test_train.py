@@ -248,10 +248,10 @@ def test_opd_and_gopd_compare_the_teacher_with_the_student_at_one_temperature(ca
             [tokenizer(p.prompt)["input_ids"] for p in toy_task.make_problems(3, seed=8)], n=2)
         b = train.with_plans(train.Batch(ro, torch.tensor([1.0, 0.0] * 3), ro.response_mask.float(), torch.arange(6),
                                          [""] * 6, [""] * 6, 6, 6), args, d)
-        logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.ro, args, args.temperature, b.plan)
+        logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.rollout, args, args.temperature, b.plan)
         logp_ref = train.reference_logprobs(args, models, b, logp_old)
         signal, *_ = train.process_signal(args, models, b, logp_old, logp_ref, d, 0)
-        at_sampling_temperature = (microbatch.logprobs_no_grad(models.teacher, b.ro, args) - logp_old) * b.mask
+        at_sampling_temperature = (microbatch.logprobs_no_grad(models.teacher, b.rollout, args) - logp_old) * b.mask
         assert at_sampling_temperature.abs().max().item() > 1e-2, process
         if process == "opd":
             assert signal.abs().max().item() == 0.0
