@@ -287,12 +287,13 @@ def test_what_lora_cannot_do_is_refused_before_any_weight_loads(flags, message, 
     assert message in capsys.readouterr().err
 
 
-def test_a_teacher_and_gopd_run_beside_the_adapters(cache_dir, tmp_path):
+@pytest.mark.parametrize("process", ["gopd", "step"])
+def test_a_teacher_and_a_step_scorer_run_beside_the_adapters(process, cache_dir, tmp_path):
     """G-OPD's teacher is a model of its own (frozen, loaded whole), its base the shared base with the
-    adapters off: the run trains and ends."""
+    adapters off; a step scorer is its own too: each run trains and ends."""
     threads = torch.get_num_threads()
     try:
-        run = train_here(["--steps", "2", "--lora-rank", "4", "--process", "gopd", "--run-name", "gopd",
+        run = train_here(["--steps", "2", "--lora-rank", "4", "--process", process, "--run-name", process,
                           "--rollout", "hf"], cache_dir, tmp_path)
     finally:
         torch.set_num_threads(threads)
