@@ -564,7 +564,9 @@ def write_summary(run_dir: Path, args, start: dict, end: dict, timing: dict, eva
           f"PRM pairwise accuracy (last 10): {fmt(summary['final_prm_accuracy_10'])}; "
           f"localisation (last 10): {fmt(summary['final_prm_localization_10'])}")
     print(f"time per step: {split}; wall {timing['wall_seconds']:.0f}s")
-    print(f"run folder: {run_dir} (metrics.jsonl, episodes.jsonl, curves.png, final/, summary.json)", flush=True)
+    state = Path(run_dir) / "checkpoint" / "state.pt"  # models and optimizers (with --lora-rank: adapters only)
+    saved = f", checkpoint/ ({state.stat().st_size / 1e6:.1f} MB of models and optimizers)" if state.exists() else ""
+    print(f"run folder: {run_dir} (metrics.jsonl, episodes.jsonl, curves.png, final/, summary.json{saved})", flush=True)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
