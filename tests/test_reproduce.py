@@ -528,8 +528,8 @@ def printed_pairs(text: str, section: str) -> dict:
 def test_every_row_of_the_claims_table_is_what_the_printers_print():
     """docs/REPRODUCTION.md's table of claims, row by row, against what the code prints from the shipped
     JSON: sections 2 and 4 by the two --paired-from-json printers, section 3 by real_study's verdicts and
-    stats.paired on the untuned runs. The slip test's row is left out (slip.json records no greedy
-    accuracy, so its collapse cannot be checked from it)."""
+    stats.paired on the untuned runs, the slip test by credit_study.slip_report (its differences are
+    rewards, not points: two decimals)."""
     figures = REPO / "docs" / "figures"
     printed = printed_pairs(reproduce.paired_from_json(json.loads((figures / "results.json").read_text()),
                                                        list(reproduce.COMPARISONS)), "2")
@@ -545,15 +545,27 @@ def test_every_row_of_the_claims_table_is_what_the_printers_print():
     text, interval = stats.paired_cells(stats.paired(ends["prime"], ends["rloo"]), False)
     printed[("3", "SmolLM2, two-digit sums, untuned", "PRIME", "outcome-only")] = (text, interval, "0 / 0")
 
+    slip = "sparser, slip test: the frozen PRM's reward on slipped lines at step 40"
+    slip_rows = [[c.strip() for c in line.strip("|").split("|")] for line in credit_study.slip_report(
+        json.loads((figures / "e1" / "slip.json").read_text())).splitlines()[2:]]
+    assert len(slip_rows) == 3
+    for pair, cell, interval, fell, *_ in slip_rows:
+        arm, against = pair.split(" - ")
+        printed[("4", slip, arm, against)] = ("slip", cell, interval, fell)
+
     page = (REPO / "docs" / "REPRODUCTION.md").read_text()
     table = page[page.index("| § | setting | arm | against |"):].split("\n\n")[0].splitlines()[2:]
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table]
     checked = 0
     for section, setting, arm, against, *cells in rows:
         key = (section.split(".")[0], setting, arm, against)
-        if setting.startswith("sparser, slip test"):
-            continue
-        if arm == "each of its 5 other arms":  # the default's other arms against outcome-only, in one row
+        if setting == slip:  # a reward difference (two decimals); every such run collapsed: a sign count
+            _, cell, interval, fell = printed[key]
+            found = re.match(r"([+-][\d.]+) \((\d)/5 up; bimodal: sign test p ([\d.]+), no t\)", cell)
+            assert found and interval == "n/a", cell
+            assert cells == [f"{float(found.group(1)):+.2f}", f"collapsed ({fell.split(' / ')[0]} of 5 runs)", "",
+                             f"{found.group(2)}/5, p {found.group(3)}", "none"], key
+        elif arm == "each of its 5 other arms":  # the default's other arms against outcome-only, in one row
             others = [v for k, v in printed.items() if k[:2] == ("4", "default") and k[3] == against]
             assert len(others) == 5
             diffs = [100 * float(v[0].split()[0]) for v in others]
@@ -567,6 +579,6 @@ def test_every_row_of_the_claims_table_is_what_the_printers_print():
             assert key in printed, f"row {key}: no printer prints this pair"
             assert cells == claim_cells(printed[key]), key
         checked += 1
-    assert checked == len(rows) - 1 >= 40
+    assert checked == len(rows) >= 43
     # each comparison once: no pair stands in two rows
     assert len({tuple(r[:4]) for r in rows}) == len(rows)
