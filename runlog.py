@@ -53,11 +53,14 @@ REPO = Path(__file__).resolve().parent
 def portable(path) -> str:
     """A path as a shipped record should hold it: relative to the repository when it is inside it
     ("/home/me/prime/.cache/smollm2" -> ".cache/smollm2"), so that no JSON the docs quote names one
-    machine's folders; a path elsewhere (a hub name, another disk) unchanged."""
+    machine's folders; an absolute path elsewhere by its name alone ("/scratch/runs/sums2.jsonl" ->
+    "sums2.jsonl": a record names its task file's sha256 beside it); a hub name unchanged."""
     if not str(path):
         return str(path)
     resolved = Path(path).resolve()
-    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)
+    if resolved.is_relative_to(REPO):
+        return str(resolved.relative_to(REPO))
+    return Path(path).name if Path(path).is_absolute() else str(path)
 
 
 def replace_folder(tmp: Path, final: Path) -> None:

@@ -243,7 +243,8 @@ def record(study_path: Path, name: str, setting: dict, paths: dict, run_dir: Pat
                                  summary["end_accuracy"]],
               "heldout_sampled": [summary["start_sampled_accuracy"], *(m["heldout_sampled_accuracy"] for m in evals),
                                   summary["end_sampled_accuracy"]]}
-    flags = {k: runlog.portable(v) if k in ("model", "data", "model_path") else v for k, v in run["config"].items()}
+    flags = {k: runlog.portable(v) if k in ("model", "data", "model_path", "out_dir", "cache_dir") else v
+             for k, v in run["config"].items()}
     entry = {"setting": setting, "code": code, "flags": flags, "start_sha256": paths["start_sha256"],
              "data_sha256": paths["data_sha256"], "summary": summary, "curves": curves}
     with _RECORD:

@@ -85,6 +85,13 @@ def test_no_shipped_record_names_a_machines_folder():
     assert not found, found
 
 
+def test_a_record_keeps_a_path_inside_the_repository_relative_one_elsewhere_by_its_name_and_a_hub_name():
+    import runlog
+    assert runlog.portable(REPO / ".cache" / "smollm2") == ".cache/smollm2"
+    assert runlog.portable("/scratch/runs/sums2-validation.jsonl") == "sums2-validation.jsonl"
+    assert runlog.portable("Qwen/Qwen2.5-Math-7B") == "Qwen/Qwen2.5-Math-7B" and runlog.portable("") == ""
+
+
 def import_graph() -> dict[str, set[str]]:
     """Which of the repository's modules (the root's and studies/') each one imports, anywhere in it."""
     import ast
