@@ -439,13 +439,17 @@ def measured_memory(device) -> dict:
             "device_total": total / 1e9}
 
 
+def base_parameters(model) -> int:
+    """The parameters the memory estimate sizes by: the model's, or for a LoRA Adapter its base's (no adapter's)."""
+    whole = getattr(model, "shared", model)
+    return sum(p.numel() for k, p in whole.named_parameters() if ".lora_" not in k)
+
+
 def memory_line(policy, args: Args, measured: dict) -> str:
     """The estimate next to what the first step used (measured_memory), in GB."""
     gpu = measured["device_total"]
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    whole = getattr(policy, "shared", policy)  # a LoRA adapter: the base it sits on
-    n = sum(p.numel() for k, p in whole.named_parameters() if ".lora_" not in k)
-    est = memory_estimate_gb(n, args, policy.config, gpu, world=world)
+    est = memory_estimate_gb(base_parameters(policy), args, policy.config, gpu, world=world)
     beyond = sum(v for k, v in est.items() if k.startswith("beyond tensors"))
     return (f"memory per GPU after the first step: estimated {est['total']:.2f} GB ({beyond:.2f} of it beyond "
             f"tensors, the allocator's margin included); the allocator's peaks {measured['allocated']:.2f} GB "

@@ -6,10 +6,8 @@ an exact kill-and-resume from a checkpoint of adapters only. (One rank against t
 test_distributed.py; vLLM getting the adapter: tests/test_rollout_vllm.py.)"""
 
 import hashlib
-import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,32 +17,18 @@ import config
 import ddp
 import microbatch
 import models as models_module
-import toy_task
 import train
 from conftest import SFT_STEPS
-from rollout import HFRollout, Rollout
+from rollout import Rollout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_train import finish, metrics_of, start_train, train_here  # noqa: E402
-
-K = 4
+from test_precision import batch_of  # noqa: E402
+from test_train import kill_and_resume, metrics_of, train_here  # noqa: E402
 
 
 def lora_args(cache_dir, *flags):
     return config.parse_args(["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--rollout", "hf",
                               "--lora-rank", "4", *flags])
-
-
-def batch_of(models, seed=0):
-    """A step's batch of 16 toy responses (4 prompts x 4), every group mixed: what the filter keeps."""
-    tokenizer = models.tokenizer
-    torch.manual_seed(seed)
-    problems = toy_task.make_problems(4, seed=31, min_ops=2, max_ops=8)
-    ro = HFRollout(ddp.unwrap(models.policy), tokenizer, 64).generate(
-        [tokenizer(p.prompt)["input_ids"] for p in problems], n=K)
-    outcome = torch.tensor([1.0, 0.0, 0.0, 1.0] * 4)
-    return train.Batch(ro, outcome, ro.response_mask.float(), torch.arange(len(ro)), [""] * len(ro),
-                       [""] * len(ro), n_train=len(ro), n_prm=len(ro))
 
 
 def digest(tensors) -> str:
@@ -244,17 +228,7 @@ def test_a_lora_step_equals_a_hand_written_w_plus_scaled_ba(name, checkpointing,
 def test_kill_and_resume_is_exact_from_a_checkpoint_of_adapters_only(cache_dir, tmp_path, capsys, monkeypatch):
     args = ["--steps", "4", "--save-every", "2", "--lora-rank", "4", "--policy-lr", "5e-4", "--prm-lr", "3e-3",
             "--rollout", "hf"]
-    full = start_train(args + ["--run-name", "full"], cache_dir, tmp_path)
-    proc = start_train(args + ["--run-name", "killed"], cache_dir, tmp_path)
-    state = tmp_path / "killed" / "checkpoint" / "state.pt"
-    deadline = time.time() + 600
-    while not state.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert state.exists(), "the run never wrote its step-2 checkpoint"
-    full = finish(full)
-    assert full.returncode == 0, full.stderr[-3000:]
+    out = kill_and_resume(args, cache_dir, tmp_path, capsys, monkeypatch)
     saved = torch.load(tmp_path / "full" / "checkpoint" / "state.pt", weights_only=False)
     for model in ("policy", "prm"):
         assert saved[model] and all(":lora_" in k for k in saved[model]), model  # adapters, no base weight
@@ -264,14 +238,6 @@ def test_kill_and_resume_is_exact_from_a_checkpoint_of_adapters_only(cache_dir, 
     print(f"checkpoint state.pt: {size / 1e6:.2f} MB for 2 x {adapter_numel // 2} adapter parameters "
           f"(weights and AdamW's two moments, fp32)")
     assert size < 3 * 4 * adapter_numel + 200_000  # no base weights (the toy base alone is 3.2 MB)
-    capsys.readouterr()
-    threads = torch.get_num_threads()
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    try:
-        train_here(args + ["--run-name", "killed", "--resume"], cache_dir, tmp_path)
-    finally:
-        torch.set_num_threads(threads)
-    out = capsys.readouterr().out
     assert "resumed" in out and "MB of models and optimizers)" in out  # the run prints its checkpoint's size
     assert metrics_of(tmp_path / "killed") == metrics_of(tmp_path / "full")
 

@@ -66,8 +66,7 @@ def measured(args, d=None):
                 for t in [p, p.grad, *m.policy_opt.state[p].values()] if t is not None and t.dim())
     with LiveBytes() as tracked:
         train.update_policy(args, m, b, None, adv, None, d)
-    whole = getattr(policy, "shared", policy)  # --lora-rank: the base's parameters, not the adapter's
-    n = sum(p.numel() for k, p in whole.named_parameters() if ".lora_" not in k)
+    n = models.base_parameters(policy)  # --lora-rank: the base's parameters, not the adapter's
     est = {k: v * 1e9 for k, v in models.memory_estimate_gb(n, args, policy.config, cuda=False).items()}
     wrapped = isinstance(m.policy, torch.nn.parallel.DistributedDataParallel)
     del m

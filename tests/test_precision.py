@@ -19,7 +19,7 @@ from rollout import HFRollout
 K = 4
 
 
-def batch_of(args, models, seed=0):
+def batch_of(models, seed=0):
     """A step's batch of 16 toy responses (4 prompts x 4), every group mixed: what the filter keeps."""
     tokenizer = models.tokenizer
     torch.manual_seed(seed)
@@ -49,7 +49,7 @@ def test_first_mini_batch_reward_is_exactly_zero_and_ratio_exactly_one(precision
                               "--mini-batches", "2", "--rollout", "hf", *layout])
     d = ddp.Dist(device=torch.device(device))
     models = models_module.build_models(args, d)
-    b = batch_of(args, models)
+    b = batch_of(models)
     b.outcome, b.mask = b.outcome.to(d.device), b.mask.to(d.device)
     b = train.with_plans(b, args, d)
     prm_plan = b.prm_plan
@@ -95,7 +95,7 @@ def test_reward_zero_and_ratio_one_through_ddp_with_gradient_checkpointing(preci
         models = models_module.build_models(args, d)
         assert isinstance(models.policy, torch.nn.parallel.DistributedDataParallel)
         assert isinstance(models.prm, torch.nn.parallel.DistributedDataParallel)
-        b = batch_of(args, models)
+        b = batch_of(models)
         b.outcome, b.mask = b.outcome.to(d.device), b.mask.to(d.device)
         b = train.with_plans(b, args, d)
         logp_ref = microbatch.logprobs_no_grad(models.reference, b.rollout, args, plan=b.prm_plan)
@@ -131,7 +131,7 @@ def test_with_the_policy_as_reference_the_first_reward_is_exactly_zero_at_any_te
     d = ddp.Dist(device=torch.device(device))
     models = models_module.build_models(args, d)
     assert models.reference is None
-    b = batch_of(args, models)
+    b = batch_of(models)
     b.outcome, b.mask = b.outcome.to(d.device), b.mask.to(d.device)
     b = train.with_plans(b, args, d)
     logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.rollout, args, args.temperature, b.plan)
@@ -189,7 +189,7 @@ def test_paired_layout_is_the_updates_micro_batches_then_the_rest(cache_dir):
                               "--max-tokens-per-micro-batch", "160", "--rollout", "hf"])
     d = ddp.Dist()
     models = models_module.build_models(args, d)
-    b = batch_of(args, models)
+    b = batch_of(models)
     b.n_prm = 12  # the PRM learns from the first 12 rows (e.g. --prm-groups mixed)
     plan = train.with_plans(b, args, d).prm_plan
     layout = microbatch.paired_layout(b.rollout, args, plan)

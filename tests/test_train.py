@@ -128,10 +128,10 @@ def test_recomputed_old_logprobs_equal_the_samplers_on_left_padded_prompts(cache
     assert ro.sampler_logprobs[mask].min() < -0.1  # some sampled tokens were not near-certain
 
 
-def test_kill_and_resume_gives_the_same_metrics(cache_dir, tmp_path, capsys, monkeypatch):
-    """PPO + PRIME: the policy, the implicit PRM, the critic, their optimisers and every RNG stream are
-    checkpointed (PRIME's default RLOO saves the same minus the critic; one run covers both)."""
-    args = ["--steps", "4", "--save-every", "2", "--estimator", "ppo"]
+def kill_and_resume(args, cache_dir, tmp_path, capsys, monkeypatch) -> str:
+    """Runs "full" (train.py with `args`) to its end beside a run "killed" stopped by SIGKILL right after
+    its first checkpoint, then resumes "killed" in this process at the thread count of both; returns what
+    the resumed run printed. The caller compares the two runs' metrics."""
     full = start_train(args + ["--run-name", "full"], cache_dir, tmp_path)  # beside the run we kill
     proc = start_train(args + ["--run-name", "killed"], cache_dir, tmp_path)
     state = tmp_path / "killed" / "checkpoint" / "state.pt"
@@ -140,7 +140,7 @@ def test_kill_and_resume_gives_the_same_metrics(cache_dir, tmp_path, capsys, mon
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert state.exists(), "the run never wrote its step-2 checkpoint"
+    assert state.exists(), "the run never wrote its first checkpoint"
     full = finish(full)
     assert full.returncode == 0, full.stderr[-3000:]
     capsys.readouterr()
@@ -150,7 +150,14 @@ def test_kill_and_resume_gives_the_same_metrics(cache_dir, tmp_path, capsys, mon
         train_here(args + ["--run-name", "killed", "--resume"], cache_dir, tmp_path)
     finally:
         torch.set_num_threads(threads)  # train.main set 1 for this process: the later tests get theirs back
-    assert "resumed" in capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_kill_and_resume_gives_the_same_metrics(cache_dir, tmp_path, capsys, monkeypatch):
+    """PPO + PRIME: the policy, the implicit PRM, the critic, their optimisers and every RNG stream are
+    checkpointed (PRIME's default RLOO saves the same minus the critic; one run covers both)."""
+    args = ["--steps", "4", "--save-every", "2", "--estimator", "ppo"]
+    assert "resumed" in kill_and_resume(args, cache_dir, tmp_path, capsys, monkeypatch)
     assert metrics_of(tmp_path / "killed") == metrics_of(tmp_path / "full")
 
 
