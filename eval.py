@@ -133,11 +133,17 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def adapter_base(path: str) -> str | None:
-    """The base model of a LoRA adapter folder (train.py --lora-rank's final/: adapter_config.json and
-    adapter_model.safetensors, PEFT's format), or None for a whole model."""
+def adapter_config(path: str) -> dict | None:
+    """The adapter_config.json of a LoRA adapter folder (train.py --lora-rank's final/, PEFT's format:
+    its base in "base_model_name_or_path", its rank in "r"), or None for a whole model."""
     config = Path(path) / "adapter_config.json"
-    return json.loads(config.read_text())["base_model_name_or_path"] if config.exists() else None
+    return json.loads(config.read_text()) if config.exists() else None
+
+
+def adapter_base(path: str) -> str | None:
+    """The base model of a LoRA adapter folder, or None for a whole model."""
+    config = adapter_config(path)
+    return config["base_model_name_or_path"] if config else None
 
 
 def load_model(path: str):
@@ -166,8 +172,8 @@ def make_sampler(args, tokenizer, max_new_tokens: int):
     if args.rollout == "hf":
         return HFRollout(load_model(args.model), tokenizer, max_new_tokens, args.temperature, args.top_p)
     on_gpu = torch.cuda.is_available()
-    base = adapter_base(args.model)  # a LoRA adapter: the engine loads its base and takes the adapter
-    rank = json.loads((Path(args.model) / "adapter_config.json").read_text())["r"] if base else 0
+    adapter = adapter_config(args.model)  # a LoRA adapter: the engine loads its base and takes the adapter
+    base, rank = (adapter["base_model_name_or_path"], adapter["r"]) if adapter else (None, 0)
     engine = VLLMRollout(base or args.model, tokenizer, max_new_tokens, args.temperature, args.top_p,
                          max_model_len=AutoConfig.from_pretrained(base or args.model).max_position_embeddings,
                          seed=args.seed, dtype="bfloat16" if on_gpu else "float32",
