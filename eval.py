@@ -67,7 +67,7 @@ from data import (BENCHMARKS, DATA_DIR, MATH_BENCHMARKS, Item, Task, build_promp
                   check_benchmark_names, load_benchmark)
 from ddp import Dist, all_reduce  # noqa: E402
 from rollout import HFRollout, VLLMRollout  # noqa: E402
-from runlog import fmt, moving_average, nanmean, portable, read_jsonl, read_run, save_figure, write_json  # noqa: E402
+from runlog import fmt, machine, moving_average, nanmean, portable, read_jsonl, read_run, save_figure, write_json  # noqa: E402
 
 BOOTSTRAP_RESAMPLES = 2000  # as PASS's Table 6: 2000 resamples of whole problems
 BOOTSTRAP_SEED = 0
@@ -553,7 +553,7 @@ def write_summary(run_dir: Path, args, start: dict, end: dict, timing: dict, eva
     summary = {"start_accuracy": start["greedy"], "end_accuracy": end["greedy"],
                "start_sampled_accuracy": start["sampled"], "end_sampled_accuracy": end["sampled"],
                "steps": args.steps, "eval_problems": eval_problems, "wall_seconds": timing["wall_seconds"],
-               "step_seconds": timing["step_seconds"], "eval_seconds": timing["eval_seconds"],
+               "step_seconds": timing["step_seconds"], "eval_seconds": timing["eval_seconds"], "machine": machine(),
                "final_reward_10": float(np.mean([m["reward"] for m in metrics[-10:]])),
                "final_prm_accuracy_10": nanmean([m["prm_accuracy"] for m in metrics[-10:]]),
                "final_prm_localization_10": nanmean([m.get("prm_localization") for m in metrics[-10:]])}

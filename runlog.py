@@ -18,6 +18,7 @@ import contextlib
 import json
 import math
 import os
+import platform
 import random
 import shutil
 import time
@@ -61,6 +62,15 @@ def portable(path) -> str:
     if resolved.is_relative_to(REPO):
         return str(resolved.relative_to(REPO))
     return Path(path).name if Path(path).is_absolute() else str(path)
+
+
+def machine() -> str:
+    """What a run's times were measured on: the GPU's name, or the CPU's model and torch's thread count."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+             if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
+    return f"{names[0] if names else platform.processor() or 'CPU'}, {torch.get_num_threads()} threads"
 
 
 def replace_folder(tmp: Path, final: Path) -> None:

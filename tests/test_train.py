@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,6 +75,7 @@ def test_default_run_end_to_end(cache_dir, tmp_path):
     # sampled accuracy: 16 problems x 4 samples, so a multiple of 1/64
     assert (summary["start_sampled_accuracy"] * 64) == pytest.approx(round(summary["start_sampled_accuracy"] * 64))
     assert set(summary["step_seconds"]) == {"rollout", "verify", "prm", "policy", "eval", "other"}
+    assert re.fullmatch(r".+, \d+ threads", summary["machine"])  # what the times were measured on (a CPU here)
     metrics = metrics_of(run)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(0.0 <= m["reward"] <= 1.0 for m in metrics)
