@@ -33,6 +33,9 @@ Then, on sums2 (LORA_TASKS), does LoRA match full fine-tuning (--lora-rank LORA_
   5. lora-seeds  both arms with LoRA, seeds 1-5, held-out questions: the policy lr chosen in 4, PRIME's PRM
                  lr the full-FT choice times the same factor, beta the full-FT choice. Each arm's LoRA runs
                  minus its full-FT runs, paired by seed (lora_table).
+  6. lora-timing full fine-tuning again, seed 1 of each arm at its seeds-phase setting, on the machine that
+                 ran 5: seconds a step side by side (the recorded full-FT runs ran elsewhere), and how
+                 closely a full-FT run repeats on another machine.
 """
 
 import argparse
@@ -74,7 +77,8 @@ LR_LADDER = ["1e-6", "3e-6", "1e-5", "3e-5", "1e-4", "3e-4"]  # ... extended alo
 PRM_GRID = [(1, "0.05"), (1, "1.0"), (3, "0.05"), (3, "1.0")]   # (PRM lr / policy lr, beta)
 SEEDS = [1, 2, 3, 4, 5]
 SCORE_EVALS = 3       # a grid run's score: the mean validation sampled accuracy of its last 3 evaluations
-PHASES = ["lr", "prm", "seeds", "lora-lr", "lora-seeds"]
+PHASES = ["lr", "prm", "seeds", "lora-lr", "lora-seeds", "lora-timing"]
+VALIDATION_PHASES = ("lr", "prm", "lora-lr")  # the grids; the others are scored on the held-out questions
 LORA_TASKS = ("sums2",)
 LORA_RANK = "16"      # SmolLM2-135M: 4.9M adapter parameters, 3.6% of the model (alpha: train.py's 32)
 LORA_FACTORS = (1, 3, 10)  # the LoRA policy lr: the full-FT choice times these
@@ -176,6 +180,9 @@ def grid_runs(task: str, phase: str, study: dict) -> list[tuple[str, dict]] | No
         lora_prm = dict(prm, policy_lr=lora["policy_lr"], prm_lr=f"{factor * float(prm['prm_lr']):g}", lora_rank=LORA_RANK)
         return [(f"{task}-lora-{arm}-s{seed}", dict(arm=arm, seed=seed, **(lora if arm == "rloo" else lora_prm)))
                 for seed in SEEDS for arm in ("rloo", "prime")]
+    if phase == "lora-timing":
+        return [(f"{task}-lora-timing-full-{arm}-s1", dict(arm=arm, seed=1, **(lr if arm == "rloo" else prm)))
+                for arm in ("rloo", "prime")]
     return [(f"{task}-{arm}-s{seed}", dict(arm=arm, seed=seed, **(lr if arm == "rloo" else prm)))
             for seed in SEEDS for arm in ("rloo", "prime")]
 
@@ -284,7 +291,7 @@ def run_protocol(tasks: list[str], args) -> None:
             task, phase, name, setting = job
             failed = True
             try:
-                flags = [*run_flags(task, paths[task], validation=not phase.endswith("seeds")), *arm_flags(setting)]
+                flags = [*run_flags(task, paths[task], validation=phase in VALIDATION_PHASES), *arm_flags(setting)]
                 code = code_version()
                 run_dir = run_arm(name.rsplit("-s", 1)[0], setting["seed"], args, args.threads, flags)
                 record(study_path, name, setting, paths[task], run_dir, code)
@@ -431,14 +438,28 @@ def seeds_table(task: str, study: dict) -> str:
     return "\n".join(lines)
 
 
+def seconds_a_step(runs) -> dict[str, float]:
+    """{machine: mean seconds of training a step} of recorded runs (rollout, verify, PRM and policy: no
+    evaluation), by the machine each summary names ("unrecorded" for runs from before it was named)."""
+    by_machine = {}
+    for r in runs:
+        by_machine.setdefault(r["summary"].get("machine", "unrecorded"), []).append(
+            r["curves"]["train_seconds"][-1] / r["summary"]["steps"])
+    return {m: float(np.mean(v)) for m, v in by_machine.items()}
+
+
 def lora_table(task: str, study: dict) -> str:
     """Each arm with LoRA against the same arm fully fine-tuned, paired by seed (the same start, prompts and
-    held-out questions): held-out sampled and greedy accuracy at the end, and the minutes of training a
-    step of each (their runs' own machines: compare them only where the two ran on one machine)."""
+    held-out questions): held-out sampled and greedy accuracy at the end; and seconds of training a step
+    of each, side by side only on a machine that ran both (the lora-timing runs are full FT run again
+    where the LoRA seeds ran), with how closely such a rerun repeats its recorded seed."""
     full, lora = seed_runs(task, study), seed_runs(task, study, "lora-seeds")
+    timing = {s["arm"]: study["runs"][name] for name, s in grid_runs(task, "lora-timing", study) or []
+              if name in study["runs"]}
     lines = ["| arm | seeds (LoRA / full) | held-out sampled, LoRA / full (end) | LoRA - full, sampled, paired | "
-             "95% interval | LoRA - full, greedy, paired | training s a step, LoRA / full | collapsed, LoRA / full |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "95% interval | LoRA - full, greedy, paired | training s a step, LoRA / full (one machine) | "
+             "collapsed, LoRA / full |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    notes = []
     for arm in ("rloo", "prime"):
         a, b = lora[arm], full[arm]
         seeds = [s for s in a if s in b and start_of(a[s]) == start_of(b[s])]
@@ -446,13 +467,20 @@ def lora_table(task: str, study: dict) -> str:
         for key in ("heldout_sampled", "heldout_greedy"):
             p = paired({s: a[s]["curves"][key][-1] for s in seeds}, {s: b[s]["curves"][key][-1] for s in seeds})
             cells.append(paired_cells(p, any(collapsed(r[s]) for r in (a, b) for s in seeds)))
-        per_step = [np.mean([r["curves"]["train_seconds"][-1] / r["summary"]["steps"] for r in x.values()])
-                    if x else float("nan") for x in (a, b)]
+        mine, theirs = seconds_a_step(a.values()), seconds_a_step([*b.values(), *([timing[arm]] if arm in timing else [])])
+        same = [m for m in mine if m in theirs and m != "unrecorded"]
+        per_step = "; ".join(f"{mine[m]:.1f} / {theirs[m]:.1f} ({m})" for m in same) or "not on one machine yet"
         end = [np.mean([r["curves"]["heldout_sampled"][-1] for r in x.values()]) if x else float("nan") for x in (a, b)]
         lines.append(f"| {LABELS[arm]} | {len(a)} / {len(b)} | {end[0]:.3f} / {end[1]:.3f} | {cells[0][0]} | "
-                     f"{cells[0][1]} | {cells[1][0]} | {per_step[0]:.1f} / {per_step[1]:.1f} | "
+                     f"{cells[0][1]} | {cells[1][0]} | {per_step} | "
                      f"{sum(map(collapsed, a.values()))} / {sum(map(collapsed, b.values()))} |")
-    return "\n".join(lines)
+        if arm in timing and 1 in b:
+            again, first = timing[arm], b[1]
+            notes.append(f"{LABELS[arm]}, full FT, seed 1 run again on {again['summary'].get('machine', 'unrecorded')}: "
+                         f"held-out sampled {again['curves']['heldout_sampled'][-1]:.3f}, greedy "
+                         f"{again['curves']['heldout_greedy'][-1]:.3f} (recorded: {first['curves']['heldout_sampled'][-1]:.3f}, "
+                         f"{first['curves']['heldout_greedy'][-1]:.3f}, on {first['summary'].get('machine', 'unrecorded')})")
+    return "\n".join(lines + ["\n" + note for note in notes])
 
 
 def plot_task(task: str, study: dict, figures: Path) -> Path | None:

@@ -278,10 +278,23 @@ def test_the_lora_phases_scale_the_full_choices_and_pair_each_arm_with_its_full_
             study["runs"][f"sums2-{arm}-s{seed}"] = recorded(arm, seed, [0.1, full_end], (0.9, 0.9), setting=setting)
             study["runs"][f"sums2-lora-{arm}-s{seed}"] = recorded(arm, seed, [0.1, lora_end], (0.9, 0.9),
                                                                   setting=seeds[f"sums2-lora-{arm}-s{seed}"])
-            for name in (f"sums2-{arm}-s{seed}", f"sums2-lora-{arm}-s{seed}"):
-                study["runs"][name]["summary"] = {"steps": 3}
+            study["runs"][f"sums2-{arm}-s{seed}"]["summary"] = {"steps": 3, "machine": "CPU B, 2 threads"}
+            study["runs"][f"sums2-lora-{arm}-s{seed}"]["summary"] = {"steps": 3, "machine": "CPU A, 1 threads"}
     rows = real_study.lora_table("sums2", study).splitlines()[2:]
     assert rows[0].startswith("| outcome-only | 5 / 5 | 0.620 / 0.600 | +0.020 (t inf, 5/5 up; up) |")
     # PRIME: differences -0.02, -0.01, 0, +0.01, +0.02: mean 0, 2 up
     assert "| +0.000 (t 0.0, 2/5 up; none) |" in rows[1]
-    assert "| 60.0 / 60.0 |" in rows[0]  # 180 s of training over 3 steps, each
+    assert "| not on one machine yet |" in rows[0]  # seconds a step are not compared across machines
+    # lora-timing: full FT's seed 1 of each arm again, at its seeds-phase setting, on the LoRA runs' machine
+    timing = dict(real_study.grid_runs("sums2", "lora-timing", study))
+    assert timing == {"sums2-lora-timing-full-rloo-s1": dict(arm="rloo", seed=1, **full["rloo"]),
+                      "sums2-lora-timing-full-prime-s1": dict(arm="prime", seed=1, **prm)}
+    assert "lora-timing" not in real_study.VALIDATION_PHASES  # held-out questions, as the seeds it repeats
+    for name, s in timing.items():
+        study["runs"][name] = recorded(s["arm"], 1, [0.1, 0.59], (0.9, 0.8), setting=s)
+        study["runs"][name]["curves"]["train_seconds"] = [30.0, 60.0, 90.0]
+        study["runs"][name]["summary"] = {"steps": 3, "machine": "CPU A, 1 threads"}
+    table = real_study.lora_table("sums2", study)
+    assert "| 60.0 / 30.0 (CPU A, 1 threads) |" in table.splitlines()[2]  # 180 s and 90 s over 3 steps
+    assert ("outcome-only, full FT, seed 1 run again on CPU A, 1 threads: held-out sampled 0.590, greedy 0.800 "
+            "(recorded: 0.600, 0.900, on CPU B, 2 threads)") in table
