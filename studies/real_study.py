@@ -439,12 +439,14 @@ def seeds_table(task: str, study: dict) -> str:
 
 
 def seconds_a_step(runs) -> dict[str, float]:
-    """{machine: mean seconds of training a step} of recorded runs (rollout, verify, PRM and policy: no
-    evaluation), by the machine each summary names ("unrecorded" for runs from before it was named)."""
+    """{machine: seconds of training a step} of recorded runs (rollout, verify, PRM and policy: no evaluation),
+    by the machine each summary names ("unrecorded" for runs from before it was named): the median step of
+    each run, averaged over its runs. The median, not total / steps: a step during which the run was paused
+    (to let the tests run) or shared its cores with something else is one outlier, not a shift of the mean."""
     by_machine = {}
     for r in runs:
-        by_machine.setdefault(r["summary"].get("machine", "unrecorded"), []).append(
-            r["curves"]["train_seconds"][-1] / r["summary"]["steps"])
+        step = np.diff([0.0, *r["curves"]["train_seconds"]])
+        by_machine.setdefault(r["summary"].get("machine", "unrecorded"), []).append(float(np.median(step)))
     return {m: float(np.mean(v)) for m, v in by_machine.items()}
 
 
