@@ -29,20 +29,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def lora_adapter(model: str, rank: int, folder: str) -> str:
-    """A PEFT adapter for `model` on models.LORA_TARGETS, B random (not zero: the adapter must do work)."""
+def lora_adapter(model: str, rank: int):
+    """The policy adapter that train.py --lora-rank builds (models.with_adapters), B random (not zero at the
+    start, as in training: the adapter must do work), to push as training pushes it (push_adapter)."""
     import torch
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     import models
-    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(model),
-                                LoraConfig(r=rank, lora_alpha=32, target_modules=list(models.LORA_TARGETS)))
-    for name, param in peft_model.named_parameters():
+    from config import Args
+    shared = models.with_adapters(AutoModelForCausalLM.from_pretrained(model), Args(lora_rank=rank, process="none"))
+    for name, param in shared.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=1e-3)
-    peft_model.save_pretrained(folder)
-    return folder
+    return models.Adapter(shared, "policy")
 
 
 def run_backend(backend: str, model: str, prompts: int, n: int, max_new_tokens: int, repeats: int,
@@ -71,7 +70,7 @@ def run_backend(backend: str, model: str, prompts: int, n: int, max_new_tokens: 
 
                 import rollout
                 vars(punica_cpu).update({name: getattr(torch_ops, name) for name in rollout.CPU_LORA_KERNELS})
-            sampler.use_adapter(lora_adapter(model, rank, tempfile.mkdtemp(prefix="bench-adapter-")))
+            sampler.push_adapter(lora_adapter(model, rank))
     init = time.perf_counter() - start
     start = time.perf_counter()
     sampler.generate(prompt_ids, n=n)  # warm-up: first-call costs (allocation, kernel selection)
