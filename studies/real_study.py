@@ -450,12 +450,30 @@ def seconds_a_step(runs) -> dict[str, float]:
     return {m: float(np.mean(v)) for m, v in by_machine.items()}
 
 
+def lora_verdicts(task: str, study: dict) -> dict:
+    """{arm: {"end sampled" | "end greedy": paired}}: the arm with LoRA minus the arm fully fine-tuned on
+    the held-out questions at the end, paired by seed (seeds whose two runs started from the same weights)."""
+    full, lora = seed_runs(task, study), seed_runs(task, study, "lora-seeds")
+    out = {}
+    for arm in ("rloo", "prime"):
+        a, b = lora[arm], full[arm]
+        seeds = [s for s in a if s in b and start_of(a[s]) == start_of(b[s])]
+        bimodal = any(collapsed(r[s]) for r in (a, b) for s in seeds)
+        out[arm] = {}
+        for metric, key in (("end greedy", "heldout_greedy"), ("end sampled", "heldout_sampled")):
+            p = paired({s: a[s]["curves"][key][-1] for s in seeds}, {s: b[s]["curves"][key][-1] for s in seeds})
+            text, interval = paired_cells(p, bimodal)
+            out[arm][metric] = {**p, "text": text, "interval": interval, "collapsed": bimodal}
+    return out
+
+
 def lora_table(task: str, study: dict) -> str:
     """Each arm with LoRA against the same arm fully fine-tuned, paired by seed (the same start, prompts and
     held-out questions): held-out sampled and greedy accuracy at the end; and seconds of training a step
     of each, side by side only on a machine that ran both (the lora-timing runs are full FT run again
     where the LoRA seeds ran), with how closely such a rerun repeats its recorded seed."""
     full, lora = seed_runs(task, study), seed_runs(task, study, "lora-seeds")
+    verdict = lora_verdicts(task, study)
     timing = {s["arm"]: study["runs"][name] for name, s in grid_runs(task, "lora-timing", study) or []
               if name in study["runs"]}
     lines = ["| arm | seeds (LoRA / full) | held-out sampled, LoRA / full (end) | LoRA - full, sampled, paired | "
@@ -464,11 +482,7 @@ def lora_table(task: str, study: dict) -> str:
     notes = []
     for arm in ("rloo", "prime"):
         a, b = lora[arm], full[arm]
-        seeds = [s for s in a if s in b and start_of(a[s]) == start_of(b[s])]
-        cells = []
-        for key in ("heldout_sampled", "heldout_greedy"):
-            p = paired({s: a[s]["curves"][key][-1] for s in seeds}, {s: b[s]["curves"][key][-1] for s in seeds})
-            cells.append(paired_cells(p, any(collapsed(r[s]) for r in (a, b) for s in seeds)))
+        cells = [(verdict[arm][metric]["text"], verdict[arm][metric]["interval"]) for metric in ("end sampled", "end greedy")]
         mine, theirs = seconds_a_step(a.values()), seconds_a_step([*b.values(), *([timing[arm]] if arm in timing else [])])
         same = [m for m in mine if m in theirs and m != "unrecorded"]
         per_step = "; ".join(f"{mine[m]:.1f} / {theirs[m]:.1f} ({m})" for m in same) or "not on one machine yet"

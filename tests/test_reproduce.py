@@ -528,8 +528,8 @@ def printed_pairs(text: str, section: str) -> dict:
 def test_every_row_of_the_claims_table_is_what_the_printers_print():
     """docs/REPRODUCTION.md's table of claims, row by row, against what the code prints from the shipped
     JSON: sections 2 and 4 by the two --paired-from-json printers, section 3 by real_study's verdicts and
-    stats.paired on the untuned runs, the slip test by credit_study.slip_report (its differences are
-    rewards, not points: two decimals)."""
+    lora_verdicts and stats.paired on the untuned runs, the slip test by credit_study.slip_report (its
+    differences are rewards, not points: two decimals)."""
     figures = REPO / "docs" / "figures"
     printed = printed_pairs(reproduce.paired_from_json(json.loads((figures / "results.json").read_text()),
                                                        list(reproduce.COMPARISONS)), "2")
@@ -539,6 +539,11 @@ def test_every_row_of_the_claims_table_is_what_the_printers_print():
                           ("chains", "SmolLM2, five-number chains with steps, tuned per arm")):
         v = real_study.verdicts(task, study)["end sampled"]
         printed[("3", setting, "PRIME", "outcome-only")] = (v["text"], v["interval"], "0 / 0")
+    lora = "SmolLM2, two-digit sums, tuned, LoRA rank 16 against full fine-tuning"
+    for arm, v in real_study.lora_verdicts("sums2", study).items():
+        label = real_study.LABELS[arm]
+        printed[("3", lora, f"{label}, LoRA", f"{label}, full FT")] = (v["end sampled"]["text"],
+                                                                     v["end sampled"]["interval"], "0 / 0")
     untuned = json.loads((figures / "real" / "smollm2-sums2.json").read_text())
     ends = {arm: {int(name.rsplit("-s", 1)[1]): run["summary"]["end_sampled_accuracy"]
                   for name, run in untuned.items() if name.startswith(f"{arm}-s")} for arm in ("prime", "rloo")}
@@ -579,6 +584,6 @@ def test_every_row_of_the_claims_table_is_what_the_printers_print():
             assert key in printed, f"row {key}: no printer prints this pair"
             assert cells == claim_cells(printed[key]), key
         checked += 1
-    assert checked == len(rows) >= 43
+    assert checked == len(rows) >= 45
     # each comparison once: no pair stands in two rows
     assert len({tuple(r[:4]) for r in rows}) == len(rows)
