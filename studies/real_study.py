@@ -29,10 +29,12 @@ The protocol, PRIME's adapted to a 2-core CPU (docs/REPRODUCTION.md section 3 st
            grid run saw, are the held-out ones. Paired by seed (stats.paired), the project's rule.
 Then, on sums2 (LORA_TASKS), does LoRA match full fine-tuning (--lora-rank LORA_RANK, the rest the same)?
   4. lora-lr     outcome-only with LoRA at the chosen full-FT policy lr x LORA_FACTORS, seed 1, validation
-                 split, the same rule (LoRA's RL lr is about 10x full fine-tuning's: LoRA Without Regret).
+                 split, the same rule, extended past an edge that wins as the lr grid is (LoRA's RL lr is
+                 about 10x full fine-tuning's: LoRA Without Regret).
   5. lora-seeds  both arms with LoRA, seeds 1-5, held-out questions: the policy lr chosen in 4, PRIME's PRM
                  lr the full-FT choice times the same factor, beta the full-FT choice. Each arm's LoRA runs
-                 minus its full-FT runs, paired by seed (lora_table).
+                 minus its full-FT runs, paired by seed (lora_table). A run's name holds its factor, so
+                 seeds run at an earlier choice stay recorded and reported under their own.
   6. lora-timing full fine-tuning again, seed 1 of each arm at its seeds-phase setting, on the machine that
                  ran 5: seconds a step side by side (the recorded full-FT runs ran elsewhere), and how
                  closely a full-FT run repeats on another machine.
@@ -43,6 +45,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -81,7 +84,8 @@ PHASES = ["lr", "prm", "seeds", "lora-lr", "lora-seeds", "lora-timing"]
 VALIDATION_PHASES = ("lr", "prm", "lora-lr")  # the grids; the others are scored on the held-out questions
 LORA_TASKS = ("sums2",)
 LORA_RANK = "16"      # SmolLM2-135M: 4.9M adapter parameters, 3.6% of the model (alpha: train.py's 32)
-LORA_FACTORS = (1, 3, 10)  # the LoRA policy lr: the full-FT choice times these
+LORA_FACTORS = (1, 3, 10)  # the LoRA policy lr: the full-FT choice times these ...
+LORA_LADDER = (1, 3, 10, 30, 100, 300)  # ... extended along this past an edge that wins (lr_grid's rule)
 _RECORD = threading.Lock()  # two runs finish at once: one writer of study.json at a time
 
 
@@ -168,18 +172,13 @@ def grid_runs(task: str, phase: str, study: dict) -> list[tuple[str, dict]] | No
     if phase == "lora-lr":
         return [(f"{task}-lora-lr-rloo-x{k}-s1", dict(arm="rloo", seed=1, policy_lr=f"{k * float(lr['policy_lr']):g}",
                                                      lora_rank=LORA_RANK))
-                for k in LORA_FACTORS]
+                for k in lora_factors(task, study)]
     prm = choice(task, "prm", study)
     if prm is None:
         return None
     if phase == "lora-seeds":
-        lora = choice(task, "lora-lr", study)
-        if lora is None:
-            return None
-        factor = float(lora["policy_lr"]) / float(lr["policy_lr"])
-        lora_prm = dict(prm, policy_lr=lora["policy_lr"], prm_lr=f"{factor * float(prm['prm_lr']):g}", lora_rank=LORA_RANK)
-        return [(f"{task}-lora-{arm}-s{seed}", dict(arm=arm, seed=seed, **(lora if arm == "rloo" else lora_prm)))
-                for seed in SEEDS for arm in ("rloo", "prime")]
+        factor = lora_factor(task, study)
+        return None if factor is None else lora_seed_runs(task, lr, prm, factor)
     if phase == "lora-timing":
         return [(f"{task}-lora-timing-full-{arm}-s1", dict(arm=arm, seed=1, **(lr if arm == "rloo" else prm)))
                 for arm in ("rloo", "prime")]
@@ -187,23 +186,41 @@ def grid_runs(task: str, phase: str, study: dict) -> list[tuple[str, dict]] | No
             for seed in SEEDS for arm in ("rloo", "prime")]
 
 
-def lr_grid(task: str, study: dict) -> list[str]:
-    """The task's policy lrs: LR_GRID, extended one rung of LR_LADDER past an edge for as long as the
-    lr on that edge scores strictly above every other (a best at the grid's edge is not known to be
-    the best; on sums2 3e-5 won at the top of LR_GRID). A tie extends nothing."""
-    grid = list(LR_GRID)
+def lora_seed_runs(task: str, lr: dict, prm: dict, factor: int) -> list[tuple[str, dict]]:
+    """(name, setting) of both arms' LoRA seeds at `factor` x the full-FT lrs (the PRM's too)."""
+    lora = dict(policy_lr=f"{factor * float(lr['policy_lr']):g}", lora_rank=LORA_RANK)
+    lora_prm = dict(prm, **lora, prm_lr=f"{factor * float(prm['prm_lr']):g}")
+    return [(f"{task}-lora-x{factor}-{arm}-s{seed}", dict(arm=arm, seed=seed, **(lora if arm == "rloo" else lora_prm)))
+            for seed in SEEDS for arm in ("rloo", "prime")]
+
+
+def extended(grid, ladder, run_of) -> list:
+    """`grid` extended one rung of `ladder` past an edge for as long as the point on that edge scores
+    strictly above every other (a best at the grid's edge is not known to be the best); run_of(point) is
+    its recorded run or None. A tie extends nothing. The one rule of both lr grids."""
+    grid = list(grid)
     while True:
-        runs = [study["runs"].get(lr_run_name(task, lr)) for lr in grid]
+        runs = [run_of(point) for point in grid]
         if None in runs or len(runs) < 2:  # not finished yet, or no neighbour to beat: nothing to extend
             return grid
         scores = [score(run) for run in runs]
-        low, high = LR_LADDER.index(grid[0]), LR_LADDER.index(grid[-1])
-        if scores[-1] > max(scores[:-1]) and high + 1 < len(LR_LADDER):
-            grid.append(LR_LADDER[high + 1])
+        low, high = ladder.index(grid[0]), ladder.index(grid[-1])
+        if scores[-1] > max(scores[:-1]) and high + 1 < len(ladder):
+            grid.append(ladder[high + 1])
         elif scores[0] > max(scores[1:]) and low > 0:
-            grid.insert(0, LR_LADDER[low - 1])
+            grid.insert(0, ladder[low - 1])
         else:
             return grid
+
+
+def lr_grid(task: str, study: dict) -> list[str]:
+    """The task's policy lrs: LR_GRID extended along LR_LADDER (on sums2 3e-5 won at the top of LR_GRID)."""
+    return extended(LR_GRID, LR_LADDER, lambda lr: study["runs"].get(lr_run_name(task, lr)))
+
+
+def lora_factors(task: str, study: dict) -> list[int]:
+    """The LoRA lr grid's factors: LORA_FACTORS extended along LORA_LADDER (on sums2 x10 won at its top)."""
+    return extended(LORA_FACTORS, LORA_LADDER, lambda k: study["runs"].get(f"{task}-lora-lr-rloo-x{k}-s1"))
 
 
 def arm_flags(setting: dict) -> list[str]:
@@ -450,10 +467,31 @@ def seconds_a_step(runs) -> dict[str, float]:
     return {m: float(np.mean(v)) for m, v in by_machine.items()}
 
 
-def lora_verdicts(task: str, study: dict) -> dict:
-    """{arm: {"end sampled" | "end greedy": paired}}: the arm with LoRA minus the arm fully fine-tuned on
-    the held-out questions at the end, paired by seed (seeds whose two runs started from the same weights)."""
-    full, lora = seed_runs(task, study), seed_runs(task, study, "lora-seeds")
+def lora_seeds(task: str, study: dict, factor: int) -> dict[str, dict[int, dict]]:
+    """{arm: {seed: recorded run}} of the LoRA seeds at `factor` x the full-FT lrs."""
+    names = {arm: {seed: f"{task}-lora-x{factor}-{arm}-s{seed}" for seed in SEEDS} for arm in ("rloo", "prime")}
+    return {arm: {seed: study["runs"][n] for seed, n in by_seed.items() if n in study["runs"]} for arm, by_seed in names.items()}
+
+
+def lora_factor(task: str, study: dict) -> int | None:
+    """The LoRA lr grid's chosen factor (of the full-FT policy lr); None before it has chosen."""
+    chosen, lr = choice(task, "lora-lr", study), choice(task, "lr", study)
+    return round(float(chosen["policy_lr"]) / float(lr["policy_lr"])) if chosen and lr else None
+
+
+def lora_seed_factors(task: str, study: dict) -> list[int]:
+    """The factors with LoRA seeds recorded, and the chosen one (last) once the grid has chosen."""
+    recorded = {int(m.group(1)) for name in study["runs"]
+                if (m := re.fullmatch(rf"{task}-lora-x(\d+)-(?:rloo|prime)-s\d+", name))}
+    chosen = lora_factor(task, study)
+    return sorted(recorded - {chosen}) + ([chosen] if chosen else [])
+
+
+def lora_verdicts(task: str, study: dict, factor: int) -> dict:
+    """{arm: {"end sampled" | "end greedy": paired}}: the arm with LoRA at `factor` minus the arm fully
+    fine-tuned on the held-out questions at the end, paired by seed (seeds whose two runs started from
+    the same weights)."""
+    full, lora = seed_runs(task, study), lora_seeds(task, study, factor)
     out = {}
     for arm in ("rloo", "prime"):
         a, b = lora[arm], full[arm]
@@ -467,13 +505,13 @@ def lora_verdicts(task: str, study: dict) -> dict:
     return out
 
 
-def lora_table(task: str, study: dict) -> str:
+def lora_table(task: str, study: dict, factor: int) -> str:
     """Each arm with LoRA against the same arm fully fine-tuned, paired by seed (the same start, prompts and
     held-out questions): held-out sampled and greedy accuracy at the end; and seconds of training a step
     of each, side by side only on a machine that ran both (the lora-timing runs are full FT run again
     where the LoRA seeds ran), with how closely such a rerun repeats its recorded seed."""
-    full, lora = seed_runs(task, study), seed_runs(task, study, "lora-seeds")
-    verdict = lora_verdicts(task, study)
+    full, lora = seed_runs(task, study), lora_seeds(task, study, factor)
+    verdict = lora_verdicts(task, study, factor)
     timing = {s["arm"]: study["runs"][name] for name, s in grid_runs(task, "lora-timing", study) or []
               if name in study["runs"]}
     lines = ["| arm | seeds (LoRA / full) | held-out sampled, LoRA / full (end) | LoRA - full, sampled, paired | "
@@ -551,8 +589,10 @@ def report(tasks: list[str], figures: Path) -> None:
         if task in LORA_TASKS:
             print(f"\n## 4. LoRA (rank {LORA_RANK}): the policy lr, outcome-only, validation split\n\n"
                   f"{grid_table(task, 'lora-lr', study)}")
-            print(f"\n## 5. LoRA against full fine-tuning, five seeds an arm, held-out questions\n\n"
-                  f"{lora_table(task, study)}")
+            for k in lora_seed_factors(task, study):
+                which = "the chosen lr" if k == lora_factor(task, study) else "an earlier choice"
+                print(f"\n## 5. LoRA at x{k} ({which}) against full fine-tuning, five seeds an arm, held-out questions\n\n"
+                      f"{lora_table(task, study, k)}")
         path = plot_task(task, study, figures)
         if path:
             print(f"\n{path}")

@@ -265,22 +265,23 @@ def test_the_lora_phases_scale_the_full_choices_and_pair_each_arm_with_its_full_
     assert real_study.grid_runs("sums2", "lora-seeds", study) is None  # waits for the LoRA lr grid
     for (name, s), end in zip(grid, [0.3, 0.6, 0.4]):  # x3 wins
         study["runs"][name] = recorded("rloo", 1, [0.1, end, end, end], setting=s)
+    assert real_study.lora_factors("sums2", study) == list(real_study.LORA_FACTORS)  # an inside best: no extension
     seeds = dict(real_study.grid_runs("sums2", "lora-seeds", study))
-    assert len(seeds) == 10
-    assert float(seeds["sums2-lora-rloo-s1"]["policy_lr"]) == pytest.approx(3 * lr)
-    assert float(seeds["sums2-lora-prime-s2"]["prm_lr"]) == pytest.approx(3 * float(prm["prm_lr"]))
-    assert seeds["sums2-lora-prime-s2"]["beta"] == prm["beta"]
-    assert real_study.arm_flags(seeds["sums2-lora-rloo-s1"])[2:4] == ["--lora-rank", real_study.LORA_RANK]
+    assert len(seeds) == 10 and real_study.lora_factor("sums2", study) == 3
+    assert float(seeds["sums2-lora-x3-rloo-s1"]["policy_lr"]) == pytest.approx(3 * lr)
+    assert float(seeds["sums2-lora-x3-prime-s2"]["prm_lr"]) == pytest.approx(3 * float(prm["prm_lr"]))
+    assert seeds["sums2-lora-x3-prime-s2"]["beta"] == prm["beta"]
+    assert real_study.arm_flags(seeds["sums2-lora-x3-rloo-s1"])[2:4] == ["--lora-rank", real_study.LORA_RANK]
     # five seeds of each: LoRA's outcome-only ends 0.02 above full in every seed, PRIME's mixed
     for seed in range(1, 6):
         for arm, lora_end, full_end in (("rloo", 0.62, 0.60), ("prime", 0.5 + 0.01 * seed, 0.53)):
             setting = {**full[arm]}
             study["runs"][f"sums2-{arm}-s{seed}"] = recorded(arm, seed, [0.1, full_end], (0.9, 0.9), setting=setting)
-            study["runs"][f"sums2-lora-{arm}-s{seed}"] = recorded(arm, seed, [0.1, lora_end], (0.9, 0.9),
-                                                                  setting=seeds[f"sums2-lora-{arm}-s{seed}"])
+            study["runs"][f"sums2-lora-x3-{arm}-s{seed}"] = recorded(arm, seed, [0.1, lora_end], (0.9, 0.9),
+                                                                     setting=seeds[f"sums2-lora-x3-{arm}-s{seed}"])
             study["runs"][f"sums2-{arm}-s{seed}"]["summary"] = {"steps": 3, "machine": "CPU B, 2 threads"}
-            study["runs"][f"sums2-lora-{arm}-s{seed}"]["summary"] = {"steps": 3, "machine": "CPU A, 1 threads"}
-    rows = real_study.lora_table("sums2", study).splitlines()[2:]
+            study["runs"][f"sums2-lora-x3-{arm}-s{seed}"]["summary"] = {"steps": 3, "machine": "CPU A, 1 threads"}
+    rows = real_study.lora_table("sums2", study, 3).splitlines()[2:]
     assert rows[0].startswith("| outcome-only | 5 / 5 | 0.620 / 0.600 | +0.020 (t inf, 5/5 up; up) |")
     # PRIME: differences -0.02, -0.01, 0, +0.01, +0.02: mean 0, 2 up
     assert "| +0.000 (t 0.0, 2/5 up; none) |" in rows[1]
@@ -294,8 +295,43 @@ def test_the_lora_phases_scale_the_full_choices_and_pair_each_arm_with_its_full_
         study["runs"][name] = recorded(s["arm"], 1, [0.1, 0.59], (0.9, 0.8), setting=s)
         study["runs"][name]["curves"]["train_seconds"] = [30.0, 1030.0, 1060.0]  # step 2 paused for 1000 s
         study["runs"][name]["summary"] = {"steps": 3, "machine": "CPU A, 1 threads"}
-    table = real_study.lora_table("sums2", study)
+    table = real_study.lora_table("sums2", study, 3)
     # the median step: 60 s of LoRA's 60, 60, 60; 30 s of full FT's 30, 1000, 30 (a mean would say 353.3)
     assert "| 60.0 / 30.0 (CPU A, 1 threads) |" in table.splitlines()[2]
     assert ("outcome-only, full FT, seed 1 run again on CPU A, 1 threads: held-out sampled 0.590, greedy 0.800 "
             "(recorded: 0.600, 0.900, on CPU B, 2 threads)") in table
+
+
+def test_the_lora_grid_extends_past_a_winning_edge_and_seeds_at_an_earlier_choice_stay_reported():
+    """The LoRA lr grid follows the lr grid's rule (real_study.extended): x10 winning at the top of
+    LORA_FACTORS adds x30; x30 winning adds x100; x100 losing ends it, x30 chosen. The seeds' names hold
+    their factor, so seeds recorded at x10 (before the grid grew) are neither taken for x30's nor lost."""
+    study = {"runs": {}}
+    for name, _ in real_study.grid_runs("sums2", "lr", study):
+        study["runs"][name] = recorded("rloo", 1, [0.1, 0.2, 0.2, 0.2], setting={"policy_lr": "1e-5"})
+    for name, s in real_study.grid_runs("sums2", "prm", study):
+        study["runs"][name] = recorded("prime", 1, [0.1, 0.2, 0.2, 0.2], setting=s)
+    lora_run = lambda k, end: recorded("rloo", 1, [0.1, end, end, end], setting={"policy_lr": f"{k}e-5"})  # noqa: E731
+    for k, end in zip(real_study.LORA_FACTORS, [0.2, 0.4, 0.7]):  # x1, x3, x10: the top edge wins
+        study["runs"][f"sums2-lora-lr-rloo-x{k}-s1"] = lora_run(k, end)
+    assert real_study.lora_factors("sums2", study) == [1, 3, 10, 30]
+    assert real_study.grid_runs("sums2", "lora-seeds", study) is None  # x30 is not run yet
+    assert real_study.next_run(["sums2"], ["lora-lr"], study, set())[2] == "sums2-lora-lr-rloo-x30-s1"
+    # seeds run at x10 before the grid grew (under the names they would have had)
+    for seed in real_study.SEEDS:
+        for arm in ("rloo", "prime"):
+            study["runs"][f"sums2-lora-x10-{arm}-s{seed}"] = recorded(arm, seed, [0.1, 0.5])
+            study["runs"][f"sums2-{arm}-s{seed}"] = recorded(arm, seed, [0.1, 0.6])
+    study["runs"]["sums2-lora-lr-rloo-x30-s1"] = lora_run(30, 0.8)
+    assert real_study.lora_factors("sums2", study) == [1, 3, 10, 30, 100]
+    study["runs"]["sums2-lora-lr-rloo-x100-s1"] = lora_run(100, 0.5)
+    assert real_study.lora_factors("sums2", study) == [1, 3, 10, 30, 100]
+    assert real_study.lora_factor("sums2", study) == 30
+    seeds = dict(real_study.grid_runs("sums2", "lora-seeds", study))
+    assert sorted(seeds) == sorted(f"sums2-lora-x30-{arm}-s{seed}" for seed in real_study.SEEDS for arm in ("rloo", "prime"))
+    prm_lr = float(real_study.choice("sums2", "prm", study)["prm_lr"])
+    assert float(seeds["sums2-lora-x30-prime-s1"]["prm_lr"]) == pytest.approx(30 * prm_lr)  # the full-FT PRM lr x30
+    assert real_study.next_run(["sums2"], ["lora-seeds"], study, set())[2] == "sums2-lora-x30-rloo-s1"
+    assert real_study.lora_seed_factors("sums2", study) == [10, 30]  # the earlier choice first, the chosen last
+    assert real_study.lora_verdicts("sums2", study, 10)["rloo"]["end sampled"]["mean"] == pytest.approx(-0.1)
+    assert real_study.lora_verdicts("sums2", study, 30)["rloo"]["end sampled"]["seeds"] == []

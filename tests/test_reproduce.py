@@ -539,11 +539,12 @@ def test_every_row_of_the_claims_table_is_what_the_printers_print():
                           ("chains", "SmolLM2, five-number chains with steps, tuned per arm")):
         v = real_study.verdicts(task, study)["end sampled"]
         printed[("3", setting, "PRIME", "outcome-only")] = (v["text"], v["interval"], "0 / 0")
-    lora = "SmolLM2, two-digit sums, tuned, LoRA rank 16 against full fine-tuning"
-    for arm, v in real_study.lora_verdicts("sums2", study).items():
-        label = real_study.LABELS[arm]
-        printed[("3", lora, f"{label}, LoRA", f"{label}, full FT")] = (v["end sampled"]["text"],
-                                                                     v["end sampled"]["interval"], "0 / 0")
+    for k in real_study.lora_seed_factors("sums2", study):
+        lora = f"SmolLM2, two-digit sums, tuned, LoRA rank 16 at lr x{k} against full fine-tuning"
+        for arm, v in real_study.lora_verdicts("sums2", study, k).items():
+            label = real_study.LABELS[arm]
+            printed[("3", lora, f"{label}, LoRA", f"{label}, full FT")] = (v["end sampled"]["text"],
+                                                                         v["end sampled"]["interval"], "0 / 0")
     untuned = json.loads((figures / "real" / "smollm2-sums2.json").read_text())
     ends = {arm: {int(name.rsplit("-s", 1)[1]): run["summary"]["end_sampled_accuracy"]
                   for name, run in untuned.items() if name.startswith(f"{arm}-s")} for arm in ("prime", "rloo")}
