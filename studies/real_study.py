@@ -155,6 +155,16 @@ def lr_run_name(task: str, lr: str) -> str:
     return f"{task}-lr-rloo-{lr}-s1"
 
 
+def lora_lr_run_name(task: str, factor: int) -> str:
+    """The name of the LoRA lr grid's run at `factor` x the full-FT policy lr."""
+    return f"{task}-lora-lr-rloo-x{factor}-s1"
+
+
+def lora_seed_name(task: str, factor: int, arm: str, seed: int) -> str:
+    """The name of a LoRA seed run at `factor` x the full-FT lrs (lora_seed_factors reads the factor back)."""
+    return f"{task}-lora-x{factor}-{arm}-s{seed}"
+
+
 def grid_runs(task: str, phase: str, study: dict) -> list[tuple[str, dict]] | None:
     """(run name, setting) of one phase of a task, or None while the phase it rests on is not finished
     (its choice is not made yet). A name is also the run's folder in --out and its key in study.json."""
@@ -170,8 +180,8 @@ def grid_runs(task: str, phase: str, study: dict) -> list[tuple[str, dict]] | No
                                                        prm_lr=f"{k * float(lr['policy_lr']):g}", beta=beta))
                 for k, beta in PRM_GRID]
     if phase == "lora-lr":
-        return [(f"{task}-lora-lr-rloo-x{k}-s1", dict(arm="rloo", seed=1, policy_lr=f"{k * float(lr['policy_lr']):g}",
-                                                     lora_rank=LORA_RANK))
+        return [(lora_lr_run_name(task, k), dict(arm="rloo", seed=1, policy_lr=f"{k * float(lr['policy_lr']):g}",
+                                                 lora_rank=LORA_RANK))
                 for k in lora_factors(task, study)]
     prm = choice(task, "prm", study)
     if prm is None:
@@ -190,7 +200,7 @@ def lora_seed_runs(task: str, lr: dict, prm: dict, factor: int) -> list[tuple[st
     """(name, setting) of both arms' LoRA seeds at `factor` x the full-FT lrs (the PRM's too)."""
     lora = dict(policy_lr=f"{factor * float(lr['policy_lr']):g}", lora_rank=LORA_RANK)
     lora_prm = dict(prm, **lora, prm_lr=f"{factor * float(prm['prm_lr']):g}")
-    return [(f"{task}-lora-x{factor}-{arm}-s{seed}", dict(arm=arm, seed=seed, **(lora if arm == "rloo" else lora_prm)))
+    return [(lora_seed_name(task, factor, arm, seed), dict(arm=arm, seed=seed, **(lora if arm == "rloo" else lora_prm)))
             for seed in SEEDS for arm in ("rloo", "prime")]
 
 
@@ -220,7 +230,7 @@ def lr_grid(task: str, study: dict) -> list[str]:
 
 def lora_factors(task: str, study: dict) -> list[int]:
     """The LoRA lr grid's factors: LORA_FACTORS extended along LORA_LADDER (on sums2 x10 won at its top)."""
-    return extended(LORA_FACTORS, LORA_LADDER, lambda k: study["runs"].get(f"{task}-lora-lr-rloo-x{k}-s1"))
+    return extended(LORA_FACTORS, LORA_LADDER, lambda k: study["runs"].get(lora_lr_run_name(task, k)))
 
 
 def arm_flags(setting: dict) -> list[str]:
@@ -379,10 +389,10 @@ def last10_cell(runs: list[dict], key: str = "prm_accuracy") -> str:
     return f"{np.mean(values):.2f}" + ("" if len(values) == steps else f" ({len(values)} of {steps} steps)")
 
 
-def seed_runs(task: str, study: dict, phase: str = "seeds") -> dict[str, dict[int, dict]]:
-    """{arm: {seed: recorded run}} of the task's seeds phase (or lora-seeds)."""
+def seed_runs(task: str, study: dict) -> dict[str, dict[int, dict]]:
+    """{arm: {seed: recorded run}} of the task's seeds phase (full fine-tuning)."""
     out = {"rloo": {}, "prime": {}}
-    for name, setting in grid_runs(task, phase, study) or []:
+    for name, setting in grid_runs(task, "seeds", study) or []:
         if name in study["runs"]:
             out[setting["arm"]][setting["seed"]] = study["runs"][name]
     return out
@@ -407,19 +417,29 @@ def mismatched_seeds(runs: dict[str, dict[int, dict]]) -> list[int]:
                   if start_of(runs["rloo"][s]) != start_of(runs["prime"][s]))
 
 
+def end_verdicts(a: dict[int, dict], b: dict[int, dict]) -> dict:
+    """{"end greedy" | "end sampled": stats.paired of a - b at the end, with its table cells}: two sets of
+    {seed: recorded run} on the held-out questions, paired over the seeds both ran (a sign count when a
+    paired run collapsed)."""
+    out = {}
+    for metric, key in (("end greedy", "heldout_greedy"), ("end sampled", "heldout_sampled")):
+        p = paired({s: r["curves"][key][-1] for s, r in a.items()}, {s: r["curves"][key][-1] for s, r in b.items()})
+        bimodal = any(collapsed(runs[s]) for runs in (a, b) for s in p["seeds"])
+        text, interval = paired_cells(p, bimodal)
+        out[metric] = {**p, "text": text, "interval": interval, "collapsed": bimodal}
+    return out
+
+
 def verdicts(task: str, study: dict) -> dict:
     """PRIME - outcome-only on the held-out questions, paired by seed (a seed whose two runs started
     from different weights is left out and named): greedy and sampled at the end."""
     runs = seed_runs(task, study)
     mismatched = mismatched_seeds(runs)
-    out = {}
+    out = end_verdicts({s: r for s, r in runs["prime"].items() if s not in mismatched}, runs["rloo"])
     for metric, key in (("end greedy", "heldout_greedy"), ("end sampled", "heldout_sampled")):
-        value = {arm: {s: r["curves"][key][-1] for s, r in runs[arm].items()} for arm in runs}
-        p = paired({s: v for s, v in value["prime"].items() if s not in mismatched}, value["rloo"])
-        bimodal = any(collapsed(runs[arm][s]) for arm in runs for s in p["seeds"])
-        text, interval = paired_cells(p, bimodal)
-        out[metric] = {**p, "text": text, "interval": interval, "collapsed": bimodal, "mismatched": mismatched,
-                       "means": {arm: float(np.mean(list(v.values()))) if v else None for arm, v in value.items()}}
+        out[metric] |= {"mismatched": mismatched, "means": {
+            arm: float(np.mean([r["curves"][key][-1] for r in by_seed.values()])) if by_seed else None
+            for arm, by_seed in runs.items()}}
     return out
 
 
@@ -469,8 +489,8 @@ def seconds_a_step(runs) -> dict[str, float]:
 
 def lora_seeds(task: str, study: dict, factor: int) -> dict[str, dict[int, dict]]:
     """{arm: {seed: recorded run}} of the LoRA seeds at `factor` x the full-FT lrs."""
-    names = {arm: {seed: f"{task}-lora-x{factor}-{arm}-s{seed}" for seed in SEEDS} for arm in ("rloo", "prime")}
-    return {arm: {seed: study["runs"][n] for seed, n in by_seed.items() if n in study["runs"]} for arm, by_seed in names.items()}
+    return {arm: {seed: study["runs"][name] for seed in SEEDS
+                  if (name := lora_seed_name(task, factor, arm, seed)) in study["runs"]} for arm in ("rloo", "prime")}
 
 
 def lora_factor(task: str, study: dict) -> int | None:
@@ -494,14 +514,8 @@ def lora_verdicts(task: str, study: dict, factor: int) -> dict:
     full, lora = seed_runs(task, study), lora_seeds(task, study, factor)
     out = {}
     for arm in ("rloo", "prime"):
-        a, b = lora[arm], full[arm]
-        seeds = [s for s in a if s in b and start_of(a[s]) == start_of(b[s])]
-        bimodal = any(collapsed(r[s]) for r in (a, b) for s in seeds)
-        out[arm] = {}
-        for metric, key in (("end greedy", "heldout_greedy"), ("end sampled", "heldout_sampled")):
-            p = paired({s: a[s]["curves"][key][-1] for s in seeds}, {s: b[s]["curves"][key][-1] for s in seeds})
-            text, interval = paired_cells(p, bimodal)
-            out[arm][metric] = {**p, "text": text, "interval": interval, "collapsed": bimodal}
+        same_start = {s: r for s, r in lora[arm].items() if s in full[arm] and start_of(r) == start_of(full[arm][s])}
+        out[arm] = end_verdicts(same_start, full[arm])
     return out
 
 
@@ -589,8 +603,9 @@ def report(tasks: list[str], figures: Path) -> None:
         if task in LORA_TASKS:
             print(f"\n## 4. LoRA (rank {LORA_RANK}): the policy lr, outcome-only, validation split\n\n"
                   f"{grid_table(task, 'lora-lr', study)}")
+            chosen = lora_factor(task, study)
             for k in lora_seed_factors(task, study):
-                which = "the chosen lr" if k == lora_factor(task, study) else "an earlier choice"
+                which = "the chosen lr" if k == chosen else "an earlier choice"
                 print(f"\n## 5. LoRA at x{k} ({which}) against full fine-tuning, five seeds an arm, held-out questions\n\n"
                       f"{lora_table(task, study, k)}")
         path = plot_task(task, study, figures)
