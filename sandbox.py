@@ -144,6 +144,52 @@ def parse_assert(text: str, where: str) -> dict:
     return {"assert": text, "names": sorted(names), "calls": calls, "check": ast.unparse(check)}
 
 
+# A test script (LeetCode's: a Solution instance, then 100 `test_input = {...}` / `assert
+# my_solution.f(**test_input) == <literal>` pairs) runs whole, once, after the program, as the paper's
+# harness runs it: one process, one time limit for the suite. Each assert's left side is computed in the
+# sandbox and collected; its right side, the expected literal, never enters the sandbox: the worker
+# compares the collected values with it (Python's ==, as the assert would).
+_SCRIPT_HARNESS = """
+_sandbox_got = []
+{script}
+def _sandbox_report():
+    import sys
+    sys.stdout.write("\\n" + repr(_sandbox_got) + "\\n")
+_sandbox_report()
+"""
+
+
+def parse_assert_script(text: str, where: str) -> dict:
+    """A test script -> {"script": it with each `assert <expr> == <literal>` replaced by
+    `_sandbox_got.append(<expr>)`, "expected": [repr(<literal>), ...]}. Its other statements (building
+    the inputs, `my_solution = Solution()`) stay as they are. ValueError if it is not Python, holds no
+    assert, or holds an assert of another form (the literal must not run in the sandbox's reach).
+
+        "s = Solution()\nassert s.f(x=1) == 2" -> script "s = Solution()\n_sandbox_got.append(s.f(x=1))",
+                                                  expected ["2"]"""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as error:
+        raise ValueError(f"{where} is not Python: {error.msg}") from None
+    expected = []
+    for k, node in enumerate(tree.body):
+        if not isinstance(node, ast.Assert):
+            continue
+        test = node.test
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+            raise ValueError(f"{where}: statement {k + 1} is not of the form `assert <expr> == <literal>`")
+        try:
+            expected.append(repr(ast.literal_eval(test.comparators[0])))
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            raise ValueError(f"{where}: statement {k + 1} compares with something that is not a literal") from None
+        call = ast.parse("_sandbox_got.append(0)").body[0]
+        call.value.args = [test.left]
+        tree.body[k] = ast.copy_location(call, node)
+    if not expected:
+        raise ValueError(f"{where} holds no assert: it tests nothing")
+    return {"script": ast.unparse(tree), "expected": expected}
+
+
 def _plain(x):
     """Tuples as lists at any depth (JSON has no tuples; a returned tuple equals an expected list)."""
     return [_plain(v) for v in x] if isinstance(x, (list, tuple)) else x
@@ -158,16 +204,53 @@ def _last_value(stdout: str):
         raise ValueError("no literal value") from None
 
 
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+        return True
+    except ValueError:
+        return False
+
+
+def lines_match(output: str, expected: str) -> bool:
+    """LiveCodeBench's lenient stdout comparison (its runner's testing_util): equal once the whole text
+    is stripped, or line by line once each line is stripped and empty lines dropped; failing that, when
+    both are the same number of one-number lines, not all integers, each pair within numpy.allclose's
+    tolerance |a - b| <= 1e-8 + 1e-5 |b|.
+
+        lines_match("3 \n\n4\n", "3\n4") -> True;  lines_match("0.3333333", "0.33333333") -> True;
+        lines_match("1 2", "1\n2") -> False (the line structure counts)"""
+    if output.strip() == expected.strip():
+        return True
+    got = [line.strip() for line in output.splitlines() if line.strip()]
+    want = [line.strip() for line in expected.split("\n") if line.strip()]
+    if got == want:
+        return True
+    if len(got) != len(want) or all(_is_int(x) and _is_int(y) for x, y in zip(got, want)):
+        return False
+    try:
+        pairs = [(float(x), float(y)) for x, y in zip(got, want)]
+    except ValueError:
+        return False
+    return all(abs(x - y) <= 1e-8 + 1e-5 * abs(y) for x, y in pairs)
+
+
 def _passes(test: dict, returncode: int | None, stdout: str) -> bool:
     """Compare in the worker (outside the sandbox) what the program printed with what the test expects."""
     if returncode != 0:
         return False
-    if "stdin" in test:  # whitespace-separated tokens, as the official grader compares
+    if "stdin" in test:  # whitespace-separated tokens, as the official grader compares (or LiveCodeBench's lines)
+        if test.get("compare") == "lines":
+            return lines_match(stdout, test["stdout"])
         return stdout.split() == test["stdout"].split()
     try:
         value = _last_value(stdout)
     except ValueError:
         return False
+    if "script" in test:  # every assert of the script, Python's == as the assert itself would compare
+        expected = [ast.literal_eval(e) for e in test["expected"]]
+        return isinstance(value, list) and len(value) == len(expected) and all(
+            got == want for got, want in zip(value, expected))
     if "call" in test:  # TACO stores many expected values wrapped in a one-element list: both match
         got, expected = _plain(value), _plain(json.loads(test["expected"]))
         return got == expected or (isinstance(expected, list) and len(expected) == 1 and got == expected[0])
@@ -460,14 +543,18 @@ def remove_tree(path: str, wait: bool) -> None:
         threading.Thread(target=remove_tree, args=(path, True), daemon=True).start()
 
 
-def run_code_tests(program: str, tests: list[dict], timeout: float) -> tuple[float, str]:
+def run_code_tests(program: str, tests: list[dict], timeout: float, pass_all: bool = False) -> tuple[float, str]:
     """Reward = fraction of tests passed; each test is one sandboxed run of the program, compared
     outside the sandbox (_passes):
 
-    stdin/stdout test: exit code 0 and the same whitespace-separated tokens as expected.
+    stdin/stdout test: exit code 0 and the same whitespace-separated tokens as expected (or, with
+    "compare": "lines", LiveCodeBench's lines_match).
     call-based test: the program, then _CALL_HARNESS (the call; its value's repr as the last line).
     assert test: the program, then _VALUES_HARNESS (the values the assert reads from the program);
     the assert itself is checked in the worker on those values (parse_assert).
+    script test: the program, then the whole test script (_SCRIPT_HARNESS), within one `timeout`.
+    pass_all (a benchmark's pass/fail): the first failing test ends the run, as the benchmarks' own
+    runners stop, so a program that loops costs one time limit, not one a test.
     """
     passed, first_failure = 0, ""
     for k, test in enumerate(tests):
@@ -475,6 +562,7 @@ def run_code_tests(program: str, tests: list[dict], timeout: float) -> tuple[flo
             returncode, stdout = _run_sandboxed(program, test["stdin"], timeout)
         else:
             harness = (_CALL_HARNESS.format(name=test["call"], args=test["args"]) if "call" in test else
+                       _SCRIPT_HARNESS.format(script=test["script"]) if "script" in test else
                        _VALUES_HARNESS.format(names=test["names"], calls=", ".join(test["calls"])))
             returncode, stdout = _run_sandboxed(f"{program}\n\n{harness}", None, timeout)
         if _passes(test, returncode, stdout):
@@ -483,6 +571,8 @@ def run_code_tests(program: str, tests: list[dict], timeout: float) -> tuple[flo
             why = ("timeout" if returncode is None else
                    f"exit code {returncode}" if returncode != 0 else "wrong output")
             first_failure = f"test {k}: {why}"
+            if pass_all:
+                return 0.0, f"failed test {k} of {len(tests)}: {why}"
     if passed == len(tests):
         return 1.0, "ok"
     return passed / len(tests), f"passed {passed}/{len(tests)}; first failure {first_failure}"

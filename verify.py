@@ -31,7 +31,14 @@ References by kind:
           LeetCode): one call per argument list, of `Solution().add` if the program defines a
           `class Solution` with that method, else of the function `add`; the return value must
           equal the expected one (a tuple equals a list; `[3]` also accepts 3, as TACO stores it)
-  inputs/outputs and asserts may both be given (the tests add up); fn_name stands alone.
+      {"assert_script": "my_solution = Solution()\\n...assert my_solution.f(**test_input) == 5 ..."}
+          a benchmark's whole test script (LeetCode's 100 asserts), run once after the program, in one
+          sandboxed process within one `timeout`; each assert must read `<expr> == <literal>`
+  inputs/outputs and asserts may both be given (the tests add up); fn_name and assert_script stand alone.
+  Options a benchmark's protocol adds to any of them: "header" (source put before the program: the
+  imports the benchmark's harness provides), "pass_all": true (reward 1 if every test passes, else 0;
+  the first failing test ends the run) and, for stdin tests, "compare": "lines" (LiveCodeBench's
+  lenient line comparison, sandbox.lines_match, instead of whitespace-separated tokens).
 
 Design
 ------
@@ -649,28 +656,39 @@ def code_format(response: str) -> int:
     return int(len(_python_blocks(response)) == 1)
 
 
-def _code_tests(reference, index: int) -> list[dict]:
-    """Validate a code reference and flatten it to the tests sandbox.run_code_tests runs:
-    [{"stdin", "stdout"} | {"assert", "calls", "check"} | {"call", "args", "expected"}, ...].
+def _code_job(reference, index: int) -> dict:
+    """Validate a code reference and flatten it to what sandbox.run_code_tests runs: {"tests":
+    [{"stdin", "stdout"} | {"assert", "calls", "check"} | {"call", "args", "expected"} | {"script",
+    "expected"}, ...], "header": source before the program, "pass_all": bool}.
     Anything malformed (no test, an empty one, JSON nested past Python's limits, an assert that
     checks nothing the program computes) is a ValueError naming the item, never a reward."""
     where = f"references[{index}] (kind 'code')"
     try:
-        return _parse_code_reference(reference, where)
+        if isinstance(reference, str):
+            try:
+                reference = json.loads(reference)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{where} is a string but not JSON: {error}") from None
+        if not isinstance(reference, dict):
+            raise ValueError(f"{where} must be a dict of tests, got {type(reference).__name__}")
+        header, pass_all = reference.get("header", ""), reference.get("pass_all", False)
+        if not isinstance(header, str) or not isinstance(pass_all, bool):
+            raise ValueError(f"{where}: 'header' must be a string and 'pass_all' true or false")
+        return {"tests": _parse_code_reference(reference, where), "header": header, "pass_all": pass_all}
     except (RecursionError, MemoryError):
         raise ValueError(f"{where} is nested too deeply to read") from None
 
 
-def _parse_code_reference(reference, where: str) -> list[dict]:
-    if isinstance(reference, str):
-        try:
-            reference = json.loads(reference)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{where} is a string but not JSON: {error}") from None
-    if not isinstance(reference, dict):
-        raise ValueError(f"{where} must be a dict of tests, got {type(reference).__name__}")
+def _parse_code_reference(reference: dict, where: str) -> list[dict]:
     if "fn_name" in reference:
         return _call_tests(reference, where)
+    if "assert_script" in reference:
+        if not isinstance(reference["assert_script"], str):
+            raise ValueError(f"{where}: 'assert_script' must be the test script's source")
+        return [sandbox.parse_assert_script(reference["assert_script"], f"{where}: assert_script")]
+    compare = reference.get("compare", "tokens")
+    if compare not in ("tokens", "lines"):
+        raise ValueError(f"{where}: 'compare' must be 'tokens' or 'lines', got {compare!r}")
     inputs, outputs = reference.get("inputs", []), reference.get("outputs", [])
     asserts = reference.get("asserts", [])
     if not (isinstance(inputs, list) and isinstance(outputs, list) and len(inputs) == len(outputs)):
@@ -682,7 +700,7 @@ def _parse_code_reference(reference, where: str) -> list[dict]:
     if any(not o.strip() for o in outputs):
         raise ValueError(f"{where}: an empty expected output tests nothing (a program that prints nothing "
                          "would pass it)")
-    tests = [{"stdin": i, "stdout": o} for i, o in zip(inputs, outputs)]
+    tests = [{"stdin": i, "stdout": o, "compare": compare} for i, o in zip(inputs, outputs)]
     tests += [sandbox.parse_assert(a, f"{where}: asserts[{k}]") for k, a in enumerate(asserts)]
     if not tests:
         raise ValueError(f"{where} has no tests: give 'inputs'/'outputs' and/or 'asserts'")
@@ -869,7 +887,7 @@ _WARM_UP = [("\\frac{1}{2}", "0.5"), ("\\dfrac{3}{4}", "\\frac34"), ("2\\sqrt{3}
 
 def _do_job(job: dict) -> tuple[float, str]:
     if job["kind"] == "code":  # code has its own per-test wall-clock limits
-        return sandbox.run_code_tests(job["program"], job["tests"], job["timeout"])
+        return sandbox.run_code_tests(job["program"], job["tests"], job["timeout"], job.get("pass_all", False))
     signal.setitimer(signal.ITIMER_REAL, SOFT_TIMEOUT_FRACTION * job["timeout"])
     try:
         if "response" in job:  # --math-grader math-verify
@@ -982,12 +1000,14 @@ def score_batch(responses: list[str], references: list, kinds: list[str], *, que
                                  "list of strings")
             scores[i] = _score_qa(response, reference)
         elif kind == "code":
-            tests = _code_tests(reference, i)
+            job = _code_job(reference, i)
             program, formats[i] = extract_code(response), code_format(response)
             if program is None:
                 scores[i] = Score(0.0, formats[i], "no_code_block")
             else:
-                jobs[i] = {"kind": "code", "program": program, "tests": tests, "timeout": timeout}
+                program = f"{job['header']}\n{program}" if job["header"] else program
+                jobs[i] = {"kind": "code", "program": program, "tests": job["tests"], "pass_all": job["pass_all"],
+                           "timeout": timeout}
         else:
             raise ValueError(f"kinds[{i}] must be one of {KINDS}, got {kind!r}")
 

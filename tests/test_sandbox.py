@@ -33,6 +33,7 @@ def score(program: str, reference, timeout: float = TIMEOUT, workers: int | None
 
 CALL = {"fn_name": "f", "inputs": [[1]], "outputs": [[5, 6]]}
 ASSERTS = {"asserts": ["assert f(1) == [5, 6]"]}
+SCRIPT = {"assert_script": "x = 1\nassert f(x) == [5, 6]"}  # a benchmark's whole test script (LeetCode's)
 HONEST = "def f(x):\n    return [5 * x, 6 * x]"
 
 # 1. Reward without solving: each of these scored 1 on a call-based test before issue 30 (when the
@@ -70,7 +71,9 @@ SORTED = {"fn_name": "sorted", "inputs": [[[3, 1, 2]]], "outputs": [[1, 2, 3]]}
 def test_a_cheat_scores_zero_and_the_honest_program_one(name):
     assert score(CHEATS[name], CALL).reward == 0.0
     assert score(CHEATS[name], ASSERTS).reward == 0.0
+    assert score(CHEATS[name], SCRIPT).reward == 0.0
     assert score(HONEST, CALL).reward == 1.0 and score(HONEST, ASSERTS).reward == 1.0
+    assert score(HONEST, SCRIPT).reward == 1.0
 
 
 def test_fn_name_must_be_the_programs_own():
