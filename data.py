@@ -3,8 +3,8 @@
     read_rows(path)                  rows of a .jsonl, .parquet or column-oriented .json file
     row_to_task(row, i, args, tok)   a training row (veRL's schema or flat fields) -> Task(prompt ids, answer, kind)
     load_tasks(args, tok)            train.py's (training tasks, held-out tasks): --data, or the embedded task
-    build_prompt(tok, question)      eval.py's prompt of a benchmark question: the same template and suffix
-    load_benchmark(name, data_dir)   eval.py's problems and gold answers of one benchmark (BENCHMARKS)
+    build_prompt(tok, question)      a benchmark question's prompt: the same template and suffix
+    (benchmark.py holds the benchmarks: files, golds, grading)
 
 A prompt is the same wherever it is built: the question plus the task's suffix as the user message
 (after an optional system message), through the tokenizer's chat template with the generation
@@ -16,7 +16,6 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pyarrow.parquet as pq
 
@@ -29,9 +28,6 @@ import verify
 MATH_SUFFIX = "\n\nPresent the answer in LaTex format: \\boxed{Your answer}"
 QA_SUFFIX = ("\n\nAnswer using only the context above. Write one reasoning step per line, then end "
              "with a line of the form: Final Answer: [Entity]")
-MATH_BENCHMARKS = ("math500", "gsm8k", "aime24", "amc23", "minerva", "olympiad")
-DATA_DIR = Path(__file__).resolve().parent / "benchmarks"  # the shipped benchmark files, from any cwd
-TOY_PROBLEMS = 200          # toy_task.heldout_problems' default size, as in train.py
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -108,13 +104,21 @@ class Task:
 
 
 def qa_context(context) -> str:
-    """HotpotQA's context as text: a string as is; [[title, [sentences]], ...] (the original json) or
-    {"title": [...], "sentences": [[...], ...]} (the Hugging Face copy) as titled paragraphs."""
+    """A multi-hop question's context as PASS's prompts give it: labelled paragraphs and sentences, one
+    paragraph a line. Takes a string (as is); HotpotQA's and 2Wiki's [[title, [sentences]], ...]; the
+    Hugging Face copy's {"title": [...], "sentences": [[...], ...]}; MuSiQue's [{"title",
+    "paragraph_text"}, ...] (its paragraphs are not split into sentences: one [S1] each).
+
+        [["France", ["Paris is big.", " It is old."]]] -> "[P1] France: [S1] Paris is big. [S2] It is old."
+    """
     if isinstance(context, str):
         return context
     if isinstance(context, dict):
         context = list(zip(context.get("title", []), context.get("sentences", [])))
-    return "\n".join(f"[{title}] " + "".join(sentences) for title, sentences in context)
+    paragraphs = [(p["title"], [p["paragraph_text"]]) if isinstance(p, dict) else p for p in context]
+    return "\n".join(f"[P{i}] {title}: " + " ".join(f"[S{j}] {sentence.strip()}" for j, sentence in
+                                                   enumerate(sentences, 1))
+                     for i, (title, sentences) in enumerate(paragraphs, 1))
 
 
 def row_to_task(row: dict, index: int, args, tokenizer) -> Task:
@@ -193,121 +197,6 @@ def within_length(tasks: list[Task], args, part: str) -> list[Task]:
                          f"{len(tasks)} {part} prompts of --data {args.data} (the longest has {longest} tokens, chat "
                          "template and suffix included): raise --max-prompt-len")
     return kept
-
-
-# ---------------------------------------------------------------------------------------------------
-# Benchmarks: files, question fields, gold answers (benchmarks/SOURCES.md)
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Item:
-    index: int     # row number in the benchmark file (0-based)
-    question: str  # the problem text, before any template or suffix
-    gold: str      # the gold answer as LaTeX, what verify.py compares against
-
-
-def gold_answer(row: dict) -> str:
-    """MATH-500, AIME, AMC: the `answer` field (AMC's is a JSON float such as 27.0)."""
-    return str(row["answer"])
-
-
-def gold_gsm8k(row: dict) -> str:
-    """GSM8K: the text after the final `####` of `answer` ("... #### 1,600" -> "1,600"; math-verify
-    reads the thousands separator, so a model writing 1600 is right)."""
-    if "####" not in row["answer"]:
-        raise ValueError("its 'answer' has no '####' before the final answer")
-    return row["answer"].split("####")[-1].strip()
-
-
-def gold_minerva(row: dict) -> str:
-    """Minerva Math has no answer field: the gold is the last \\boxed{} of `solution`."""
-    gold = verify.extract_boxed(row["solution"])
-    if gold is None:
-        raise ValueError("its 'solution' has no closed \\boxed{} to take the gold answer from")
-    return gold
-
-
-def gold_olympiad(row: dict) -> str:
-    """OlympiadBench: `final_answer` is a list of one string, which may hold several answers
-    ("$69$,$84$" when is_multiple_answer); joined with ", " if a list ever holds more."""
-    if not isinstance(row["final_answer"], list) or not row["final_answer"]:
-        raise ValueError(f"its 'final_answer' must be a non-empty list, got {row['final_answer']!r}")
-    return ", ".join(str(a) for a in row["final_answer"])
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    path: str                     # file under --data-dir ("" = built in code: the toy task)
-    question: str                 # field holding the problem text
-    gold: Callable[[dict], str]   # row -> gold answer; a missing field raises KeyError
-    rows: int                     # rows in the file (benchmarks/SOURCES.md), checked by the tests
-    max_new_tokens: int = 3072    # default generation cap: the paper's max response length
-    templated: bool = True        # chat template + the paper's suffix; False = the raw problem text
-
-
-BENCHMARKS = {
-    "math500": Benchmark("math500/test.jsonl", "problem", gold_answer, 500),
-    "gsm8k": Benchmark("gsm8k/test.jsonl", "question", gold_gsm8k, 1319),
-    "aime24": Benchmark("aime24/test.jsonl", "problem", gold_answer, 30),
-    "amc23": Benchmark("amc23/test.jsonl", "problem", gold_answer, 40),
-    "minerva": Benchmark("minerva_math/test.jsonl", "problem", gold_minerva, 272),
-    "olympiad": Benchmark("olympiadbench/test.jsonl", "question", gold_olympiad, 675),
-    # PRIME's own copies: its 83-problem AMC set is the "AMC" of PRIME's Table 1; its MATH-500 golds
-    # are cleaned renderings of the same 500 answers; its AIME file holds 2022-2024 (90 problems).
-    "prime_amc": Benchmark("prime_eval/aimo-validation-amc.jsonl", "question", gold_answer, 83),
-    "prime_aime": Benchmark("prime_eval/aimo-validation-aime.jsonl", "question", gold_answer, 90),
-    "prime_math500": Benchmark("prime_eval/math_test_cleaned.json", "problem",
-                               lambda row: str(row["expected_answer"]), 500),
-    # The embedded default's held-out problems, the ones train.py reports start/end accuracy on.
-    "toy": Benchmark("", "prompt", lambda row: row["answer"], TOY_PROBLEMS, max_new_tokens=96,
-                     templated=False),
-}
-
-
-def check_benchmark_names(text: str) -> list[str]:
-    """"math500, gsm8k" -> ["math500", "gsm8k"]; an unknown name fails here, before any loading."""
-    names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-    for name in names:
-        if name not in BENCHMARKS:
-            raise SystemExit(f"--benchmarks: unknown benchmark {name!r}; choose from "
-                             f"{', '.join(BENCHMARKS)}")
-    if not names:
-        raise SystemExit("--benchmarks: no benchmark named")
-    return names
-
-
-def load_benchmark(name: str, data_dir: str | Path, limit: int = 0) -> list[Item]:
-    """The problems of one benchmark (the first `limit` if limit > 0), each with its gold answer.
-
-    load_benchmark("gsm8k", DATA_DIR, 1)[0].gold -> "18"
-    A missing file, a missing field or an unreadable gold stops with a message naming the
-    benchmark, the file, the row and the field.
-    """
-    check_benchmark_names(name)
-    bench = BENCHMARKS[name]
-    if name == "toy":
-        source = "toy_task.heldout_problems"
-        rows = [{"prompt": p.prompt, "answer": p.answer}
-                for p in toy_task.heldout_problems(limit or TOY_PROBLEMS)]
-    else:
-        source = Path(data_dir) / bench.path
-        rows = read_rows(source, "--data-dir")
-    if limit:
-        rows = rows[:limit]
-    if not rows:
-        raise SystemExit(f"--benchmarks {name}: {source} holds no problems")
-    items = []
-    for index, row in enumerate(rows):
-        where = f"--benchmarks {name}: {source} row {index + 1}"
-        try:
-            items.append(Item(index, str(row[bench.question]), bench.gold(row)))
-        except KeyError as error:
-            raise SystemExit(f"{where} has no field {error.args[0]!r} (fields: {sorted(row)}); "
-                             "benchmarks/SOURCES.md says where each benchmark's gold is") from None
-        except ValueError as error:
-            raise SystemExit(f"{where}: {error}") from None
-    return items
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,44 +1,48 @@
-"""Benchmark evaluation and training-curve plots, with the PRIME and PASS papers' protocols.
+"""Benchmark evaluation with the PRIME and PASS papers' protocols: load, generate, grade, report.
 
     python eval.py --model runs/<name>/final                    # embedded toy model: toy benchmark
     python eval.py --model runs/<name>/final --greedy --limit 50
-    python eval.py --model PATH --benchmarks math500,gsm8k,aime24,amc23,minerva,olympiad --greedy
+    python eval.py --model PATH --panel prime --benchmark-file livecodebench=test.jsonl   # PRIME's Table 2
+    python eval.py --model PATH --panel pass-math               # PASS's Table 1 (pass@1) and Table 5 (pass@8)
+    python eval.py --model PATH --panel pass-qa --benchmark-file hotpotqa=hotpot_dev_distractor_v1.json \\
+        --benchmark-file 2wiki=dev.json --benchmark-file musique=musique_ans_v1.0_dev.jsonl   # PASS's Table 3
     python eval.py --model PATH --benchmarks aime24,amc23 --n 16 --temperature 0.6 --top-p 0.95
-    python eval.py --plot runs/A runs/B --plot-out compare.png  # curves of several runs
+    python eval.py --responses generations.jsonl --panel prime  # grade saved generations: no model
+    python eval.py --plot runs/A runs/B --plot-out compare.png  # curves of several runs (plots.py)
     python eval.py --compare hf.json vllm.json                  # two evaluations, paired by problem
 
-What one evaluation does, per benchmark:
-    1. load the problems and gold answers from benchmarks/ in this repository (each file names its
-       gold differently: BENCHMARKS below, and benchmarks/SOURCES.md for where each file comes from);
-    2. build prompts the way train.py builds them: the question plus the paper's suffix
-       "Present the answer in LaTex format: \\boxed{Your answer}", through the model's chat template
-       (plain text if the tokenizer has none); the toy benchmark uses the raw problem text;
-    3. generate n responses per problem with the rollout backend used in training (rollout.py);
-    4. score every response with verify.py (math-verify finds the answer and compares it;
-       `--math-grader official`: the last \\boxed{} only, as PRIME's grader);
-    5. report pass@1, pass@k (unbiased estimator, k = 1, 2, 4, ... <= n), avg@n, mean response length,
-       and a problem-level bootstrap 95% interval of pass@1, as a table on the terminal and as JSON
-       (written atomically, default `<model>/eval.json`), with every problem's extracted answers.
+What one evaluation does, per benchmark (benchmark.py holds what differs between benchmarks):
+    1. load the problems and golds: shipped files in benchmarks/ (benchmarks/SOURCES.md), or the
+       release file a benchmark's authors publish (--benchmark-file NAME=PATH: LiveCodeBench, HotpotQA,
+       2WikiMultihopQA, MuSiQue);
+    2. build prompts the way train.py builds them: the question and the benchmark's suffix (math:
+       "Present the answer in LaTex format: \\boxed{Your answer}") as the user message, after an
+       optional system message, through the model's chat template (plain text without one);
+    3. generate n responses per problem with the rollout backend used in training (rollout.py), or read
+       them from --responses (generations made anywhere: a vLLM server, another framework);
+    4. grade every response with verify.py, the grader train.py uses: math answers by math-verify
+       (`--math-grader official`: the last box only, as PRIME's grader); code in train.py's sandbox
+       with the benchmark's own harness (a response passes only if every test passes); QA by
+       SQuAD-normalised exact match and F1, the best over the answer's aliases;
+    5. report pass@1, pass@k (unbiased estimator, k = 1, 2, 4, ... <= n), avg@n, QA's F1, mean
+       response length, and a problem-level bootstrap 95% interval of pass@1, as a table on the
+       terminal (a panel in its paper's order, with the equally weighted average) and as JSON (written
+       atomically, default `<model>/eval.json`), with every problem's extracted answers.
 
-Protocols of the papers (pick the flags accordingly):
-    - PRIME's tables (Table 1): greedy decoding, pass@1 (`--greedy`). The authors re-checked noisy
-      AIME numbers at T = 0.3, top-p 0.95, avg@16 (`--n 16 --temperature 0.3 --top-p 0.95`).
-    - PASS (Table 1 and 5, App. G): n samples per problem, pass@1 and pass@8 by the unbiased
-      estimator averaged over problems, math_verify, the chat template, a 2048-token cap, 2000
-      bootstrap resamples of whole problems (`--n 16 --max-new-tokens 2048`; the paper used n = 32
-      to 128 at T = 1.0, top-p 0.95).
-    - Default here: n = 16 samples at T = 0.6, top-p 0.95, and a 3072-token cap (the paper's training
-      response length); 96 tokens for the toy task (train.py's --max-response-len).
+Protocols. `--panel` sets each paper's own per benchmark (benchmark.PANELS; any flag given overrides
+it for every member): `prime` greedy with PRIME's system prompt, LiveCodeBench at n = 10, T = 0.2,
+top-p 0.95; `pass-math` n = 32 at T = 1.0, top-p 0.95, 2048 tokens; `pass-qa` n = 16 at T = 1.0,
+top-p 0.9. Without a panel: n = 16 samples at T = 0.6, top-p 0.95, the benchmark's cap (3072 tokens,
+the paper's training response length; 96 for the toy task). Default benchmarks: `toy` when the
+tokenizer has no chat template (the embedded model), otherwise the six math benchmarks. `--limit N`
+keeps the first N problems of each (quick checks).
 
-Default benchmarks: `toy` when the tokenizer has no chat template (the embedded model), otherwise
-the six math benchmarks. `--limit N` keeps the first N problems of each (quick checks).
-
-Simplifications relative to the papers' evaluation code:
-    1. One grader, verify.py (math-verify), for every benchmark; PRIME's official grader compares
-       numbers at 1e-4 relative tolerance, math-verify rounds to 6 decimals.
+Simplifications relative to the papers' evaluation code (docs/evaluation.md lists every benchmark's):
+    1. One math grader, verify.py (math-verify), for every math benchmark; PRIME's official grader
+       compares numbers at 1e-4 relative tolerance, math-verify rounds to 6 decimals.
     2. OlympiadBench's several answers (is_multiple_answer) are one comma-joined gold, compared as a
        whole by math-verify; its `unit` field is not appended to the prompt.
-    3. Only math benchmarks; PRIME's code benchmarks (LeetCode, LiveCodeBench) are not included.
+    3. Code runs in the sandbox with the standard library only: LeetCode's harness also imports numpy.
     4. Generation on one device, HF `generate` or a vLLM engine (`--rollout vllm`, tensor parallel 1),
        in chunks of --batch-size responses.
 """
@@ -48,30 +52,27 @@ import importlib.util
 import json
 import math
 import time
+from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 import torch
 import transformers
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-matplotlib.use("Agg")  # files only: no display needed
-import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
-from matplotlib.patches import Rectangle  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-import verify  # noqa: E402
-from data import (BENCHMARKS, DATA_DIR, MATH_BENCHMARKS, Item, Task, build_prompt,  # noqa: E402
-                  check_benchmark_names, load_benchmark)
-from ddp import Dist, all_reduce  # noqa: E402
-from rollout import HFRollout, VLLMRollout  # noqa: E402
-from runlog import fmt, machine, moving_average, nanmean, portable, read_jsonl, read_run, save_figure, write_json  # noqa: E402
+import benchmark
+import plots
+import verify
+from benchmark import BENCHMARKS, MATH_BENCHMARKS, PANELS, Item, Protocol, check_benchmark_names, load_benchmark
+from data import Task, encode_messages
+from ddp import Dist, all_reduce
+from rollout import HFRollout, VLLMRollout
+from runlog import portable, read_run, write_json
 
 BOOTSTRAP_RESAMPLES = 2000  # as PASS's Table 6: 2000 resamples of whole problems
 BOOTSTRAP_SEED = 0
-PHASES = ("rollout", "verify", "prm", "policy", "eval", "other")  # train.py's step-time split
+
 
 # ---------------------------------------------------------------------------------------------------
 # Pass@k and the bootstrap interval
@@ -170,11 +171,11 @@ def make_sampler(args, tokenizer, max_new_tokens: int):
     draws the same samples, but a benchmark's samples depend on the benchmarks evaluated before it
     (HF reseeds before each one)."""
     if args.rollout == "hf":
-        return HFRollout(load_model(args.model), tokenizer, max_new_tokens, args.temperature, args.top_p)
+        return HFRollout(load_model(args.model), tokenizer, max_new_tokens)  # evaluate sets T and top-p
     on_gpu = torch.cuda.is_available()
     adapter = adapter_config(args.model)  # a LoRA adapter: the engine loads its base and takes the adapter
     base, rank = (adapter["base_model_name_or_path"], adapter["r"]) if adapter else (None, 0)
-    engine = VLLMRollout(base or args.model, tokenizer, max_new_tokens, args.temperature, args.top_p,
+    engine = VLLMRollout(base or args.model, tokenizer, max_new_tokens,
                          max_model_len=AutoConfig.from_pretrained(base or args.model).max_position_embeddings,
                          seed=args.seed, dtype="bfloat16" if on_gpu else "float32",
                          gpu_memory_utilization=args.gpu_memory_utilization, lora_rank=rank)
@@ -246,64 +247,96 @@ def start_accuracy(args, run_dir: Path, sampler, eval_tasks: list[Task], d: Dist
     return start, time.time() - t
 
 
-def evaluate(name: str, items: list[Item], sampler, tokenizer, n: int, greedy: bool,
-             batch_size: int = 256, system_prompt: str = "", seed: int = 0,
-             math_grader: str = "math-verify") -> dict:
-    """Generate n responses per problem, score them, return the benchmark's metrics and details.
+def prompt_of(tokenizer, name: str, item: Item, system_prompt: str = "") -> tuple[list[int], str]:
+    """(token ids, text) of a problem's prompt, as train.py builds one (benchmark.messages)."""
+    messages = benchmark.messages(name, item, system_prompt)
+    if isinstance(messages, str):  # the toy task: the raw problem text
+        return list(tokenizer(messages)["input_ids"]), messages
+    return encode_messages(tokenizer, messages)
 
-    Metrics (all in [0, 1] except the length):
-      pass@k   mean over problems of pass_at_k(n, c, k), c = responses with reward 1;
-               pass@1 = mean c/n (with --greedy, plain accuracy)
-      avg@n    mean reward over all n x P responses: equal to pass@1 for 0/1 math rewards (it
-               would differ for partial rewards such as a code test pass fraction)
-      pass@1_ci95  problem-level bootstrap interval of pass@1
-      format   fraction of responses with exactly one closed \\boxed{} (verify.py's format channel)
-      response_length  mean tokens per response, EOS included; truncated: no EOS within the cap
-    Details for reading the results: example_prompt (the first prompt as the model saw it) and, per
-    problem, its gold, its number of correct responses, every response's boxed answer, and the
-    first response in full.
-    """
-    bench = BENCHMARKS[name]
-    prompts = [build_prompt(tokenizer, item.question, bench.templated, system_prompt) for item in items]
+
+def evaluate(name: str, items: list[Item], sampler, tokenizer, protocol: Protocol, batch_size: int = 256,
+             system_prompt: str = "", seed: int = 0, math_grader: str = "math-verify") -> dict:
+    """Generate protocol.n responses per problem (greedy: one) at its temperature, top-p and cap,
+    grade them (benchmark.grade), return the benchmark's metrics and details (summarize), with the
+    mean response length in tokens, the share cut at the cap (no EOS), the seconds and the first
+    prompt as the model saw it."""
+    prompts = [prompt_of(tokenizer, name, item, system_prompt) for item in items]
+    n = protocol.n
+    sampler.max_new_tokens = protocol.max_new_tokens or BENCHMARKS[name].max_new_tokens
+    sampler.temperature, sampler.top_p = protocol.temperature, protocol.top_p
     torch.manual_seed(seed)  # each benchmark's samples do not depend on which benchmarks ran before
     per_call = max(1, batch_size // n)  # prompts per generate call; a prompt's n samples stay together
-    correct, rewards, formats, lengths, truncated, details = [], [], [], [], [], []
+    graded, lengths, truncated, right = [], [], [], 0
     start = time.time()
     with tqdm(total=len(items), desc=name, unit="problem", dynamic_ncols=True) as bar:
         for first in range(0, len(items), per_call):
             chunk = items[first:first + per_call]
-            rollout, texts, scores = sample_and_score(sampler, [ids for ids, _ in prompts[first:first + per_call]],
-                                                      [item.gold for item in chunk], ["math"] * len(chunk), n,
-                                                      greedy, math_grader, [item.question for item in chunk])
+            rollout = sampler.generate([ids for ids, _ in prompts[first:first + per_call]], n=n, greedy=protocol.greedy)
+            texts = sampler.decode(rollout)
+            verdicts = benchmark.grade(name, [item for item in chunk for _ in range(n)], texts, math_grader)
             chunk_lengths = rollout.response_mask.sum(-1).tolist()
-            for j, item in enumerate(chunk):  # rows j*n .. j*n+n-1 are this problem's samples
+            for j in range(len(chunk)):  # rows j*n .. j*n+n-1 are this problem's samples
                 rows = slice(j * n, (j + 1) * n)
-                group = scores[rows]
-                correct.append(sum(s.reward == 1.0 for s in group))
-                details.append({"index": item.index, "gold": item.gold, "correct": correct[-1],
-                                "boxed": sum(s.format == 1.0 for s in group),  # for --compare
-                                "truncated": int(rollout.truncated[rows].sum()),
-                                "length": float(np.mean(chunk_lengths[rows])),
-                                "answers": [verify.extract_boxed(t) for t in texts[rows]],
-                                "response": texts[j * n]})
-            rewards += [s.reward for s in scores]
-            formats += [s.format for s in scores]
-            lengths += chunk_lengths
-            truncated += rollout.truncated.tolist()
+                graded.append(list(zip(texts[rows], verdicts[rows])))
+                lengths.append(chunk_lengths[rows])
+                truncated.append(rollout.truncated[rows].tolist())
+            right += sum(v.correct for v in verdicts)
             bar.update(len(chunk))
-            bar.set_postfix(pass1=f"{sum(correct) / (n * len(correct)):.3f}")
-
-    per_problem_pass1 = [c / n for c in correct]
-    result = {"problems": len(items), "n": n}
-    for k in ks_for(n):
-        result[f"pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in correct]))
-    result["pass@1_ci95"] = list(bootstrap_interval(per_problem_pass1))
-    result["avg@n"] = float(np.mean(rewards))
-    result["format"] = float(np.mean(formats))
-    result["response_length"] = float(np.mean(lengths))
-    result["truncated"] = float(np.mean(truncated))
+            bar.set_postfix(pass1=f"{right / (n * len(graded)):.3f}")
+    result = summarize(name, items, graded, lengths, truncated)
     result["seconds"] = time.time() - start
     result["example_prompt"] = prompts[0][1]
+    return result
+
+
+def summarize(name: str, items: list[Item], graded: list[list[tuple[str, benchmark.Graded]]],
+              lengths: list[list[int]] | None = None, truncated: list[list[bool]] | None = None) -> dict:
+    """A benchmark's metrics from each problem's (response, verdict) pairs (graded[i] answers items[i];
+    problems may have different numbers of responses, as a --responses file may give them).
+
+    Metrics (all in [0, 1] except the length):
+      pass@k   mean over problems of pass_at_k(n_i, c_i, k), c_i = responses that pass, for every
+               k <= n = the fewest responses any problem has; pass@1 = mean c_i/n_i (greedy: accuracy)
+      avg@n    the share of all responses that pass (equal to pass@1 when every problem has n)
+      pass@1_ci95  problem-level bootstrap interval of pass@1
+      format   share of responses in the expected form (verify.py's format channel)
+      f1       QA: mean SQuAD token F1 (best alias) over responses
+      response_length  mean tokens per response, EOS included; truncated: no EOS within the cap
+               (both only when this process generated the responses)
+    Details for reading the results, per problem: its index and id, its gold (math, QA), the number of
+    right responses, each response's answer as read (math: the last box; QA: the final answer; code:
+    the grader's reason), and the first response in full."""
+    kind = BENCHMARKS[name].kind
+    counts = [len(g) for g in graded]
+    correct = [sum(v.correct for _, v in g) for g in graded]
+    verdicts = [v for g in graded for _, v in g]
+    n = min(counts)
+    result = {"problems": len(items), "n": n}
+    if len(set(counts)) > 1:
+        result["responses"] = sum(counts)
+    for k in ks_for(n):
+        result[f"pass@{k}"] = float(np.mean([pass_at_k(m, c, k) for m, c in zip(counts, correct)]))
+    result["pass@1_ci95"] = list(bootstrap_interval([c / m for m, c in zip(counts, correct)]))
+    result["avg@n"] = sum(correct) / sum(counts)
+    result["format"] = float(np.mean([v.format for v in verdicts]))
+    if kind == "qa":
+        result["f1"] = float(np.mean([v.f1 for v in verdicts]))
+    if lengths is not None:
+        result["response_length"] = float(np.mean([x for row in lengths for x in row]))
+        result["truncated"] = float(np.mean([x for row in truncated for x in row]))
+    details = []
+    for i, (item, g) in enumerate(zip(items, graded)):
+        problem = {"index": item.index, "id": item.id, "correct": correct[i], "n": counts[i],
+                   "boxed": sum(v.format == 1 for _, v in g)}  # the format count, named for --compare
+        if kind != "code":
+            problem["gold"] = item.gold
+        if lengths is not None:
+            problem["truncated"] = int(sum(truncated[i]))
+            problem["length"] = float(np.mean(lengths[i]))
+        problem["answers"] = [v.reason if kind == "code" else v.answer for _, v in g]
+        problem["response"] = g[0][0]
+        details.append(problem)
     result["per_problem"] = details
     return result
 
@@ -332,11 +365,12 @@ def compare_evaluations(a: dict, b: dict) -> dict[str, dict[str, dict]]:
         for metric, key in COMPARED.items():
             if any(key not in pa[i] or key not in pb[i] for i in shared):
                 continue
-            scale_a, scale_b = (1, 1) if metric == "length" else (ra["n"], rb["n"])
-            d = np.array([pa[i][key] / scale_a - pb[i][key] / scale_b for i in shared], dtype=float)
+            def rate(problem, report):  # a count over the problem's responses; a length as it is
+                return problem[key] if metric == "length" else problem[key] / problem.get("n", report["n"])
+            d = np.array([rate(pa[i], ra) - rate(pb[i], rb) for i in shared], dtype=float)
             mean, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d)))
-            out[name][metric] = {"a": float(np.mean([pa[i][key] / scale_a for i in shared])),
-                                 "b": float(np.mean([pb[i][key] / scale_b for i in shared])),
+            out[name][metric] = {"a": float(np.mean([rate(pa[i], ra) for i in shared])),
+                                 "b": float(np.mean([rate(pb[i], rb) for i in shared])),
                                  "difference": mean, "se": se, "ci95": [mean - 1.96 * se, mean + 1.96 * se],
                                  "problems": len(shared), "agree": abs(mean) <= 1.96 * se}
     return out
@@ -356,190 +390,54 @@ def format_comparison(stats: dict[str, dict[str, dict]], a_name: str, b_name: st
     return "\n".join(lines)
 
 
-def format_table(results: dict[str, dict]) -> str:
-    """The terminal table: one row per benchmark (percent), then the unweighted average of pass@1
-    over benchmarks (how both papers average: every benchmark weighs the same)."""
-    ks = ks_for(next(iter(results.values()))["n"])
-    header = (f"{'benchmark':<14}{'problems':>9}{'n':>5}{'pass@1':>8}{'95% CI':>16}"
-              + "".join(f"{f'pass@{k}':>9}" for k in ks[1:])
-              + f"{'avg@n':>8}{'format':>8}{'length':>8}{'trunc':>7}{'time':>8}")
+def format_table(results: dict[str, dict], labels: dict[str, str] | None = None,
+                 left_out: dict[str, str] | None = None) -> str:
+    """The terminal table: one row per benchmark (percent; `labels` give a panel's column names, in its
+    order), a row for each benchmark `left_out` (its reason), then the unweighted average of pass@1
+    over the benchmarks that ran (how both papers average: every benchmark weighs the same)."""
+    labels, left_out = labels or {}, left_out or {}
+    ks = ks_for(max(r["n"] for r in results.values())) if results else [1]
+    qa = any("f1" in r for r in results.values())
+    header = (f"{'benchmark':<16}{'problems':>9}{'n':>5}{'pass@1':>8}{'95% CI':>16}"
+              + "".join(f"{f'pass@{k}':>9}" for k in ks[1:]) + f"{'avg@n':>8}" + (f"{'F1':>7}" if qa else "")
+              + f"{'format':>8}{'length':>8}{'trunc':>7}{'time':>8}")
     lines = [header, "-" * len(header)]
     for name, r in results.items():
         low, high = r["pass@1_ci95"]
-        lines.append(f"{name:<14}{r['problems']:>9}{r['n']:>5}{100 * r['pass@1']:>8.1f}"
+        timed = "response_length" in r  # generated here, not read from --responses
+        lines.append(f"{labels.get(name, name):<16}{r['problems']:>9}{r['n']:>5}{100 * r['pass@1']:>8.1f}"
                      f"{f'[{100 * low:.1f}, {100 * high:.1f}]':>16}"
-                     + "".join(f"{100 * r[f'pass@{k}']:>9.1f}" for k in ks[1:])
-                     + f"{100 * r['avg@n']:>8.1f}{100 * r['format']:>8.1f}"
-                       f"{r['response_length']:>8.1f}{100 * r['truncated']:>7.1f}{r['seconds']:>7.0f}s")
-    if len(results) > 1:
-        average = np.mean([r["pass@1"] for r in results.values()])
-        lines.append(f"{'average':<14}{'':>9}{'':>5}{100 * average:>8.1f}")
+                     + "".join(f"{100 * r[f'pass@{k}']:>9.1f}" if f"pass@{k}" in r else f"{'':>9}" for k in ks[1:])
+                     + f"{100 * r['avg@n']:>8.1f}" + (f"{100 * r['f1']:>7.1f}" if "f1" in r else f"{'':>7}" if qa else "")
+                     + f"{100 * r['format']:>8.1f}"
+                     + (f"{r['response_length']:>8.1f}{100 * r['truncated']:>7.1f}{r['seconds']:>7.0f}s" if timed
+                        else f"{'-':>8}{'-':>7}{'-':>8}"))
+    for name, why in left_out.items():
+        lines.append(f"{labels.get(name, name):<16}  not run: {why}")
+    if len(results) > 1 or left_out:
+        average = np.mean([r["pass@1"] for r in results.values()]) if results else math.nan
+        ran = f" ({len(results)} of {len(results) + len(left_out)})" if left_out else ""
+        lines.append(f"{'average' + ran:<30}{100 * average:>8.1f}")
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Plots: compare runs the way the papers' Figs. 3-5 do
-# ---------------------------------------------------------------------------------------------------
-
-
-def load_run(run_dir: str | Path) -> dict:
-    """runlog.read_run for --plot: a run folder with at least one step."""
-    run = read_run(run_dir)
-    if not run["metrics"]:
-        raise SystemExit(f"--plot {run_dir}: no steps in metrics.jsonl (is it a train.py run folder?)")
-    return run
-
-
-def _series(metrics: list[dict], key: str) -> list[float]:
-    return [math.nan if m.get(key) is None else float(m[key]) for m in metrics]
-
-
-def pick_episodes(episodes: list[dict], per_phase: tuple[int, int] = (2, 1)) -> list[dict]:
-    """Episodes for the picture: from the first and the last 15% of the run's steps, up to
-    `per_phase` = (wrong ones that have a first wrong step, right ones), earliest first."""
-    if not episodes:
-        return []
-    last = max(e["step"] for e in episodes)
-    cut = max(1, round(0.15 * last))
-    chosen = []
-    for phase in ([e for e in episodes if e["step"] <= cut], [e for e in episodes if e["step"] > last - cut]):
-        wrong = [e for e in phase if e["outcome"] < 1 and e.get("first_wrong_step", -1) >= 0][:per_phase[0]]
-        right = [e for e in phase if e["outcome"] >= 1][:per_phase[1]]
-        chosen += sorted(wrong + right, key=lambda e: e["step"])
-    return chosen
-
-
-def plot_episodes(run_dir: str | Path, out: str | Path | None = None) -> Path | None:
-    """runs/<name>/episodes.png: a few responses, early and late in the run, each token's background
-    coloured by its process reward (Eq. 3's r_phi for PRIME: blue credited, red blamed, the scale
-    symmetric around 0 and set by the largest |r| shown), the steps' sums at the right, and the first
-    step the exact checker marks wrong boxed. Read from episodes.jsonl; None if it has no episode."""
-    run_dir = Path(run_dir)
-    path = run_dir / "episodes.jsonl"
-    if not path.exists():
-        raise SystemExit(f"--episodes {run_dir}: no episodes.jsonl (is it a train.py run folder?)")
-    episodes = pick_episodes(read_jsonl(path))
-    if not episodes:
-        return None
-    vmax = max(max((abs(r) for r in e["reward"]), default=0.0) for e in episodes) or 1.0
-    cmap = plt.get_cmap("coolwarm_r")  # negative (blamed) red, positive (credited) blue
-    layout = []  # per episode: its lines, each a list of (char, reward, step)
-    for e in episodes:
-        lines, line = [], []
-        steps = e.get("step_ids") or [0] * len(e["tokens"])
-        for token, r, k in zip(e["tokens"], e["reward"], steps):
-            text = {"Ċ": "\n", "<eos>": "⏎", "<|im_end|>": "⏎", "<|endoftext|>": "⏎", None: "·"}.get(token, token)
-            text = text.replace("Ġ", " ") if text != "\n" else text  # a BPE token's leading space (byte-level)
-            if text == "\n":
-                line.append(("↵", r, k))
-                lines.append(line)
-                line = []
-            else:
-                line.append((text, r, k))
-        lines.append(line)
-        layout.append([l for l in lines if l])
-    n_rows = sum(len(l) + 1.6 for l in layout)
-    width = max(sum(len(ch) for ch, _, _ in l) for lines in layout for l in lines) + 16  # a token as wide as its text
-    fig, ax = plt.subplots(figsize=(0.16 * width + 2, 0.27 * n_rows + 1.0))
-    y = 0.0
-    for e, lines in zip(episodes, layout):
-        verdict = "right" if e["outcome"] >= 1 else "wrong"
-        extra = f", first wrong step: line {e['first_wrong_step'] + 1}" if e.get("first_wrong_step", -1) >= 0 else ""
-        ax.text(0, y, f"step {e['step']}: {verdict} (outcome {e['outcome']:g}{extra})", fontsize=9,
-                fontweight="bold", va="center")
-        y += 1.1
-        for line in lines:
-            x = 0
-            for ch, r, _ in line:
-                shade = max(-1, min(1, r / vmax))
-                ax.add_patch(Rectangle((x, y - 0.45), len(ch), 0.9, color=cmap(0.5 + 0.5 * shade)))
-                ax.text(x + len(ch) / 2, y, ch, fontsize=9, family="monospace", ha="center", va="center",
-                        color="white" if abs(shade) > 0.6 else "black")  # readable on the darkest cells
-                x += len(ch)
-            step = line[0][2]
-            total = sum(r for _, r, _ in line)
-            wrong_line = e.get("first_wrong_step", -1) == step and e["outcome"] < 1
-            if wrong_line:
-                ax.add_patch(Rectangle((-0.1, y - 0.5), x + 0.2, 1.0, fill=False, lw=1.6, ec="black"))
-            ax.text(x + 1, y, f"Σ {total:+.2f}" + ("  ← first wrong step" if wrong_line else ""),
-                    fontsize=8, va="center", family="monospace")
-            y += 1
-        y += 0.5
-    ax.set_xlim(-0.5, width)
-    ax.set_ylim(y, -1)
-    ax.axis("off")
-    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(-vmax, vmax))
-    fig.colorbar(sm, ax=ax, fraction=0.02, pad=0.01, label="process reward per token")
-    ax.set_title(f"{run_dir.name}: per-token process rewards, early and late episodes", fontsize=10)
-    out = save_figure(fig, Path(out) if out else run_dir / "episodes.png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return out
-
-
-def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
-    """One PNG, six panels, one colour per run (train.py draws a run's own curves.png with it):
-      outcome training reward, raw and 10-step moving average                  (PRIME Fig. 3a, 4a)
-      held-out accuracy, sampled (solid) and greedy (dashed): the start (step 0), every
-        --eval-every steps, the end                                             (Fig. 3b)
-      PRM pairwise classification accuracy                                      (Fig. 5)
-      localisation: the most blamed step is the first wrong one (embedded task)
-      response length (tokens)
-      mean seconds per step, split into train.py's phases, as stacked bars     (Table 2)
-    """
-    runs = [load_run(d) for d in run_dirs]
-    names = [r["dir"].name for r in runs]
-    if len(set(names)) < len(names):  # runs/A and other/A: the full paths tell them apart
-        names = [str(r["dir"]) for r in runs]
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, axes = plt.subplots(2, 3, figsize=(17, 8.5))
-    curves = [(axes[0, 0], "reward", "outcome training reward"),
-              (axes[0, 2], "prm_accuracy", "PRM pairwise accuracy"),
-              (axes[1, 0], "prm_localization", "first wrong step = most blamed step"),
-              (axes[1, 1], "response_length", "response length (tokens)")]
-    for i, (run, name) in enumerate(zip(runs, names)):
-        colour = colours[i % len(colours)]
-        metrics, summary = run["metrics"], run["summary"]
-        steps = [m["step"] for m in metrics]
-        for ax, key, _ in curves:
-            values = _series(metrics, key)
-            ax.plot(steps, values, color=colour, alpha=0.3, linewidth=1)
-            ax.plot(steps, moving_average(values), color=colour, label=f"{name} (10-step mean)")
-        # held-out accuracy: the summary's start (step 0), the logged steps, the summary's end
-        for kind, key, start, end, style in (("sampled", "heldout_sampled_accuracy", "start_sampled_accuracy",
-                                              "end_sampled_accuracy", "o-"),
-                                             ("greedy", "heldout_accuracy", "start_accuracy", "end_accuracy", "s--")):
-            points = [(0, summary.get(start))] + [(m["step"], m.get(key)) for m in metrics] + \
-                     [(steps[-1], summary.get(end))]
-            points = [(x, y) for x, y in points if y is not None]
-            if points:
-                axes[0, 1].plot(*zip(*points), style, color=colour, label=f"{name} ({kind})")
-        # mean seconds per step, split into train.py's phases (PRIME Table 2)
-        timed = [m["time"] for m in metrics if m.get("time")]
-        left = 0.0
-        for j, phase in enumerate(PHASES):
-            seconds = float(np.mean([t.get(phase, 0.0) for t in timed])) if timed else 0.0
-            axes[1, 2].barh(name, seconds, left=left, color=plt.get_cmap("Set2")(j),  # not a run colour
-                            label=phase if i == 0 else None)
-            left += seconds
-    for ax, key, title in curves:
-        ax.set_title(f"{title} (faint: per step)")
-        if not any(np.isfinite(_series(run["metrics"], key)).any() for run in runs):  # e.g. --data: no step checker
-            ax.text(0.5, 0.5, f"not logged by {'this run' if len(runs) == 1 else 'these runs'}",
-                    ha="center", va="center", transform=ax.transAxes, color="grey")
-    axes[0, 1].set_title("held-out accuracy")
-    axes[1, 2].set_title("mean seconds per step, by phase")
-    axes[1, 2].set_xlabel("seconds")
-    for ax in axes.flat:
-        if ax is not axes[1, 2]:
-            ax.set_xlabel("step")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = save_figure(fig, out, dpi=100)
-    plt.close(fig)
-    return out
+def format_panel(results: dict[str, dict], panel: str) -> str:
+    """A panel as its paper prints it: one column per benchmark in the paper's order, then the equally
+    weighted average over the columns that ran; a row for pass@1 (and pass@8 where every column has
+    n >= 8, as PASS's Table 5). A column that did not run shows "-"."""
+    members = PANELS[panel].members
+    widths = [max(len(label), 6) for _, label, _ in members]
+    lines = [PANELS[panel].title, "".join(f"{label:>{w + 2}}" for (_, label, _), w in zip(members, widths)) + "    Avg."]
+    for k in (1, 8):
+        values = [results[name].get(f"pass@{k}") if name in results else None for name, _, _ in members]
+        ran = [v for v in values if v is not None]
+        if not ran:  # pass@8 where no column has 8 samples; a panel none of whose benchmarks ran
+            continue
+        lines.append("".join(f"{100 * v:>{w + 2}.1f}" if v is not None else f"{'-':>{w + 2}}"
+                             for v, w in zip(values, widths))
+                     + f"{100 * float(np.mean(ran)):>8.1f}" + f"   pass@{k}" + ("" if len(ran) == len(values) else
+                                                                              f" ({len(ran)} of {len(values)})"))
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -547,50 +445,35 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
 # ---------------------------------------------------------------------------------------------------
 
 
-def write_summary(run_dir: Path, args, start: dict, end: dict, timing: dict, eval_problems: int) -> None:
-    """summary.json, curves.png and episodes.png, and the run's closing lines on the terminal."""
-    metrics = read_run(run_dir)["metrics"]
-    summary = {"start_accuracy": start["greedy"], "end_accuracy": end["greedy"],
-               "start_sampled_accuracy": start["sampled"], "end_sampled_accuracy": end["sampled"],
-               "steps": args.steps, "eval_problems": eval_problems, "wall_seconds": timing["wall_seconds"],
-               "step_seconds": timing["step_seconds"], "eval_seconds": timing["eval_seconds"], "machine": machine(),
-               "final_reward_10": float(np.mean([m["reward"] for m in metrics[-10:]])),
-               "final_prm_accuracy_10": nanmean([m["prm_accuracy"] for m in metrics[-10:]]),
-               "final_prm_localization_10": nanmean([m.get("prm_localization") for m in metrics[-10:]])}
-    write_json(run_dir / "summary.json", summary)
-    plot_runs([run_dir], run_dir / "curves.png")
-    # the episode picture: which tokens the process signal blamed (none to draw with --episodes-per-step 0,
-    # or when no step kept a group)
-    if not args.data and (run_dir / "episodes.jsonl").exists():
-        plot_episodes(run_dir)
-    split = ", ".join(f"{k} {v:.2f}s" for k, v in summary["step_seconds"].items())
-    print(f"\nheld-out accuracy ({eval_problems} problems): greedy {start['greedy']:.3f} -> {end['greedy']:.3f}; "
-          f"sampled ({args.eval_samples} per problem) {start['sampled']:.3f} -> {end['sampled']:.3f}")
-    print(f"training reward (last 10 steps): {summary['final_reward_10']:.3f}; "
-          f"PRM pairwise accuracy (last 10): {fmt(summary['final_prm_accuracy_10'])}; "
-          f"localisation (last 10): {fmt(summary['final_prm_localization_10'])}")
-    print(f"time per step: {split}; wall {timing['wall_seconds']:.0f}s")
-    state = Path(run_dir) / "checkpoint" / "state.pt"  # models and optimizers (with --lora-rank: adapters only)
-    saved = f", checkpoint/ ({state.stat().st_size / 1e6:.1f} MB of models and optimizers)" if state.exists() else ""
-    print(f"run folder: {run_dir} (metrics.jsonl, episodes.jsonl, curves.png, final/, summary.json{saved})", flush=True)
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="", help="a local model folder (runs/<name>/final) or a hub name")
     p.add_argument("--benchmarks", default="", help="comma-separated, from: " + ", ".join(BENCHMARKS)
-                   + "; default: toy if the tokenizer has no chat template, else " + ",".join(MATH_BENCHMARKS))
-    p.add_argument("--data-dir", default=str(DATA_DIR), help="folder holding the benchmark files "
-                   "(default: benchmarks/ in this repository; benchmarks/SOURCES.md lists them)")
-    p.add_argument("--n", type=int, default=None, help="responses per problem (default 16; 1 with --greedy)")
+                   + "; default: the panel's, else toy if the tokenizer has no chat template, else "
+                   + ",".join(MATH_BENCHMARKS))
+    p.add_argument("--panel", default="", choices=("", *PANELS),
+                   help="a paper's table with its protocols: prime (PRIME Table 2), pass-math (PASS Tables 1 "
+                        "and 5), pass-qa (PASS Table 3); a flag given beside it overrides the panel's value")
+    p.add_argument("--benchmark-file", action="append", default=[], metavar="NAME=PATH",
+                   help="a release file, repeatable: " + ", ".join(benchmark.RELEASE_FILES)
+                        + " (livecodebench may name several files of its release)")
+    p.add_argument("--lcb-dates", default=":".join(benchmark.LCB_V2), metavar="START:END",
+                   help="LiveCodeBench's problems dated START to END inclusive (default: v2's, as PRIME's Table 2)")
+    p.add_argument("--responses", default="", metavar="FILE",
+                   help="instead of generating: grade these saved generations, JSON lines "
+                        '{"benchmark": NAME, "index": I, "response": TEXT} (no model is loaded)')
+    p.add_argument("--data-dir", default=str(benchmark.DATA_DIR), help="folder holding the shipped benchmark "
+                   "files (default: benchmarks/ in this repository; benchmarks/SOURCES.md lists them)")
+    p.add_argument("--n", type=int, default=None, help="responses per problem (default 16, or the panel's)")
     p.add_argument("--greedy", action="store_true", help="greedy decoding, one response per problem (PRIME's tables)")
-    p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (ignored with --greedy)")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (ignored with --greedy)")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 0.6, or the panel's)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (default 0.95, or the panel's)")
     p.add_argument("--max-new-tokens", type=int, default=0,
-                   help="generation cap; 0 = the benchmarks' default (3072; 96 for toy)")
+                   help="generation cap; 0 = the panel's, else the benchmark's (3072; code 4096 to 8192; 96 for toy)")
     p.add_argument("--limit", type=int, default=0, help="evaluate only the first N problems of each benchmark")
     p.add_argument("--batch-size", type=int, default=256, help="responses per generate call")
-    p.add_argument("--system-prompt", default="", help="system message for the chat template, as in training")
+    p.add_argument("--system-prompt", default=None,
+                   help="system message for the chat template, as in training (default none; PRIME's with --panel prime)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed, reset before each benchmark")
     p.add_argument("--math-grader", default="math-verify", choices=verify.MATH_GRADERS,
                    help="who finds a response's answer: math-verify's own extraction, or 'official' "
@@ -599,7 +482,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="generation backend: HF generate, or a vLLM engine (much faster for n > 1 and long answers)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="--rollout vllm: fraction of the GPU for vLLM (no training shares it here)")
-    p.add_argument("--out", default="", help="results JSON; default <model>/eval.json (./eval.json for a hub name)")
+    p.add_argument("--out", default="", help="results JSON; default <model>/eval.json (./eval.json for a hub name "
+                                             "or --responses)")
     p.add_argument("--plot", nargs="+", default=None, metavar="RUN_DIR",
                    help="instead of evaluating: plot these train.py run folders side by side")
     p.add_argument("--plot-out", default="compare.png", help="where --plot writes its figure")
@@ -632,25 +516,47 @@ def check_args(args: argparse.Namespace) -> None:
             if not (Path(run) / "metrics.jsonl").exists():
                 raise SystemExit(f"--plot {run}: no metrics.jsonl there (a train.py run folder?)")
         return
-    if not args.model:
-        raise SystemExit("--model is required (or --plot RUN_DIR ... to plot runs, --episodes RUN_DIR)")
+    if args.responses:
+        if not Path(args.responses).is_file():
+            raise SystemExit(f"--responses {args.responses}: no such file (JSON lines of benchmark, index, response)")
+    elif not args.model:
+        raise SystemExit("--model is required (or --responses FILE to grade saved generations, --plot RUN_DIR ... "
+                         "to plot runs, --episodes RUN_DIR)")
     if args.greedy and args.n not in (None, 1):
         raise SystemExit(f"--greedy decodes one response per problem: drop --n {args.n}")
-    args.n = 1 if args.greedy else (16 if args.n is None else args.n)
     for flag, value in (("--n", args.n), ("--batch-size", args.batch_size)):
-        if value < 1:
+        if value is not None and value < 1:
             raise SystemExit(f"{flag} {value}: must be >= 1")
     for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
         if value < 0:
             raise SystemExit(f"{flag} {value}: must be >= 0")
-    if not args.greedy and not args.temperature > 0:
+    if not args.greedy and args.temperature is not None and not args.temperature > 0:
         raise SystemExit(f"--temperature {args.temperature}: must be > 0 (use --greedy for deterministic decoding)")
-    if not args.greedy and not 0 < args.top_p <= 1:
+    if not args.greedy and args.top_p is not None and not 0 < args.top_p <= 1:
         raise SystemExit(f"--top-p {args.top_p}: must be in (0, 1]")
+    args.files = defaultdict(list)  # --benchmark-file NAME=PATH, in the order given
+    for spec in args.benchmark_file:
+        name, _, path = spec.partition("=")
+        if name not in benchmark.RELEASE_FILES or not path:
+            raise SystemExit(f"--benchmark-file {spec}: expected NAME=PATH, NAME one of "
+                             f"{', '.join(benchmark.RELEASE_FILES)} (the others ship in benchmarks/)")
+        if not Path(path).is_file():
+            raise SystemExit(f"--benchmark-file {spec}: no such file")
+        args.files[name].append(path)
+    args.dates = tuple(args.lcb_dates.split(":"))
+    try:
+        in_order = len(args.dates) == 2 and time.strptime(args.dates[0], "%Y-%m-%d") <= \
+            time.strptime(args.dates[1], "%Y-%m-%d")
+    except ValueError:
+        in_order = False
+    if not in_order:
+        raise SystemExit(f"--lcb-dates {args.lcb_dates}: expected START:END, two dates YYYY-MM-DD in order")
     if args.benchmarks:
         names = check_benchmark_names(args.benchmarks)
-        if any(name != "toy" for name in names) and not Path(args.data_dir).is_dir():
+        if any(BENCHMARKS[name].path for name in names) and not Path(args.data_dir).is_dir():
             raise SystemExit(f"--data-dir {args.data_dir}: no such folder (it holds the benchmark files)")
+    if args.responses:
+        return
     if not Path(args.model).exists() and "/" not in args.model:
         raise SystemExit(f"--model {args.model}: no such local path (and not a hub name like org/model)")
     if not 0 < args.gpu_memory_utilization <= 1:
@@ -661,6 +567,74 @@ def check_args(args: argparse.Namespace) -> None:
                              "or use --rollout hf")
 
 
+def protocols(args, names: list[str]) -> dict[str, Protocol]:
+    """Each benchmark's decoding: the panel's (else eval's defaults: n 16, T 0.6, top-p 0.95, the
+    benchmark's cap), with every flag the command line gives put over it."""
+    panel = {name: proto for name, _, proto in PANELS[args.panel].members} if args.panel else {}
+    out = {}
+    for name in names:
+        base = panel.get(name, Protocol())
+        sampling = args.n is not None or args.temperature is not None or args.top_p is not None
+        greedy = args.greedy or (base.greedy and not sampling)
+        out[name] = Protocol(n=1 if greedy else args.n or (16 if base.greedy else base.n), greedy=greedy,
+                             temperature=base.temperature if args.temperature is None else args.temperature,
+                             top_p=base.top_p if args.top_p is None else args.top_p,
+                             max_new_tokens=args.max_new_tokens or base.max_new_tokens
+                             or BENCHMARKS[name].max_new_tokens)
+    return out
+
+
+def read_responses(args) -> dict[str, tuple[list[Item], dict[int, list[str]]]]:
+    """--responses: {benchmark: (its items, {index: the problem's responses in file order})}. A row names
+    its benchmark, the problem's 0-based index as --limit counts it, and one response; several rows of
+    one problem are its n samples. A bad row stops with its line number."""
+    rows: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+    items: dict[str, list[Item]] = {}
+    with open(args.responses, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"--responses {args.responses} line {number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise SystemExit(f"{where}: not JSON ({error})") from None
+            if not isinstance(row, dict) or not {"benchmark", "index", "response"} <= row.keys():
+                raise SystemExit(f"{where}: expected the fields benchmark, index and response")
+            name, index, response = row["benchmark"], row["index"], row["response"]
+            if name not in BENCHMARKS:
+                raise SystemExit(f"{where}: unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
+            if name not in items:
+                if benchmark.missing_release(name, args.files):
+                    raise SystemExit(f"{where}: " + benchmark.missing_release(name, args.files))
+                items[name] = load_benchmark(name, args.data_dir, args.limit, args.files, args.dates)
+            if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(items[name]):
+                raise SystemExit(f"{where}: index {index!r} is not a problem of {name} (0 to {len(items[name]) - 1})")
+            if not isinstance(response, str):
+                raise SystemExit(f"{where}: response must be a string, got {type(response).__name__}")
+            rows[name][index].append(response)
+    if not rows:
+        raise SystemExit(f"--responses {args.responses}: no responses in it")
+    return {name: (items[name], rows[name]) for name in rows}
+
+
+def grade_responses(args, names: list[str] | None) -> dict[str, dict]:
+    """Each benchmark of the --responses file (those of `names` only, when given): the problems it
+    names, graded and summarised as a generated evaluation is."""
+    results = {}
+    for name, (items, responses) in read_responses(args).items():
+        if names is not None and name not in names:
+            continue
+        start, chosen = time.time(), [items[i] for i in sorted(responses)]
+        texts = [t for item in chosen for t in responses[item.index]]
+        verdicts = iter(benchmark.grade(name, [item for item in chosen for _ in responses[item.index]], texts,
+                                        args.math_grader))
+        graded = [[(t, next(verdicts)) for t in responses[item.index]] for item in chosen]
+        results[name] = summarize(name, chosen, graded)
+        results[name]["seconds"] = time.time() - start
+    return results
+
+
 def main(argv=None) -> dict | Path:
     args = parse_args(argv)
     if args.compare is not None:
@@ -669,43 +643,81 @@ def main(argv=None) -> dict | Path:
         print(format_comparison(stats, *args.compare))
         return stats
     if args.episodes:
-        out = plot_episodes(args.episodes)
+        out = plots.plot_episodes(args.episodes)
         print(f"wrote {out}" if out else f"{args.episodes}: no episodes to draw")
         return out
     if args.plot is not None:
-        out = plot_runs(args.plot, args.plot_out)
+        out = plots.plot_runs(args.plot, args.plot_out)
         print(f"wrote {out}")
         return out
 
-    transformers.utils.logging.disable_progress_bar()  # one kind of progress bar: ours
+    # 1. Which benchmarks, with which protocol; a panel member whose release file is missing is left out.
     names = check_benchmark_names(args.benchmarks) if args.benchmarks else None
-    tokenizer = load_tokenizer(args.model)
-    if names is None:
-        names = list(MATH_BENCHMARKS) if getattr(tokenizer, "chat_template", None) else ["toy"]
-    items = {name: load_benchmark(name, args.data_dir, args.limit) for name in names}  # fail fast
-    max_new_tokens = args.max_new_tokens or max(BENCHMARKS[name].max_new_tokens for name in names)
-    sampler = make_sampler(args, tokenizer, max_new_tokens)
+    if names is None and args.panel:
+        names = [name for name, _, _ in PANELS[args.panel].members]
+    left_out = {name: benchmark.missing_release(name, args.files) for name in names or []
+                if args.panel and benchmark.missing_release(name, args.files)}
+    for name in left_out:
+        print(f"left out: {left_out[name]}")
+    system_prompt = args.system_prompt if args.system_prompt is not None else \
+        PANELS[args.panel].system_prompt if args.panel else ""
+    if args.responses:  # 2-4. graded from the file: no model
+        results = grade_responses(args, [n for n in names if n not in left_out] if names else None)
+        left_out.update({name: f"no rows in --responses {args.responses}" for name in names or []
+                         if name not in results and name not in left_out})
+        names = list(results)
+    else:
+        transformers.utils.logging.disable_progress_bar()  # one kind of progress bar: ours
+        tokenizer = load_tokenizer(args.model)
+        if names is None:
+            names = list(MATH_BENCHMARKS) if getattr(tokenizer, "chat_template", None) else ["toy"]
+        names = [name for name in names if name not in left_out]
+        items = {name: load_benchmark(name, args.data_dir, args.limit, args.files, args.dates)
+                 for name in names}  # fail fast
+        chosen = protocols(args, names)
+        sampler = make_sampler(args, tokenizer, max(p.max_new_tokens for p in chosen.values()))
+        results = {name: evaluate(name, items[name], sampler, tokenizer, chosen[name], args.batch_size,
+                                  system_prompt, args.seed, args.math_grader) for name in names}
+        for name in names:
+            results[name]["protocol"] = vars(chosen[name])
+    if not results:
+        raise SystemExit("no benchmark could run: " + "; ".join(left_out.values()))
 
-    results = {name: evaluate(name, items[name], sampler, tokenizer, args.n, args.greedy,
-                              args.batch_size, args.system_prompt, args.seed, args.math_grader)
-               for name in names}
+    # 5. Report: the JSON, then the table
+    shared = {json.dumps(r.get("protocol")) for r in results.values()}
+    protocol = results[names[0]].get("protocol", {}) if len(shared) == 1 else {}
     report = {
-        "model": args.model,
-        "settings": {"n": args.n, "greedy": args.greedy,
-                     "temperature": None if args.greedy else args.temperature,
-                     "top_p": None if args.greedy else args.top_p, "max_new_tokens": max_new_tokens,
-                     "limit": args.limit, "seed": args.seed, "rollout": args.rollout,
-                     "math_grader": args.math_grader,
-                     "system_prompt": args.system_prompt, "data_dir": portable(args.data_dir),
-                     "bootstrap_resamples": BOOTSTRAP_RESAMPLES},
+        "model": args.model or None, "responses": args.responses or None,
+        "settings": {"panel": args.panel or None, "n": protocol.get("n"), "greedy": protocol.get("greedy"),
+                     "temperature": None if protocol.get("greedy", True) else protocol.get("temperature"),
+                     "top_p": None if protocol.get("greedy", True) else protocol.get("top_p"),
+                     "max_new_tokens": protocol.get("max_new_tokens"), "limit": args.limit, "seed": args.seed,
+                     "rollout": None if args.responses else args.rollout, "math_grader": args.math_grader,
+                     "system_prompt": system_prompt, "data_dir": portable(args.data_dir),
+                     "benchmark_files": {k: [portable(p) for p in v] for k, v in args.files.items()},
+                     "livecodebench_dates": list(args.dates), "bootstrap_resamples": BOOTSTRAP_RESAMPLES},
         "average_pass@1": float(np.mean([r["pass@1"] for r in results.values()])),
+        "left_out": left_out,
         "benchmarks": results,
     }
-    out = Path(args.out) if args.out else (Path(args.model) if Path(args.model).is_dir() else Path(".")) / "eval.json"
+    model_dir = Path(args.model) if args.model and Path(args.model).is_dir() else Path(".")
+    out = Path(args.out) if args.out else model_dir / "eval.json"
     write_json(out, report, indent=1)
-    decoding = "greedy" if args.greedy else f"n={args.n}, T={args.temperature}, top-p={args.top_p}"
-    print(f"\n{args.model} ({decoding}, max {max_new_tokens} new tokens; percent)")
-    print(format_table(results))
+    labels = {name: label for name, label, _ in PANELS[args.panel].members} if args.panel else {}
+    if "livecodebench" in results:
+        labels["livecodebench"] = labels.get("livecodebench", "livecodebench") + " " + "..".join(args.dates)
+    if args.responses:
+        decoding = f"responses {args.responses}"
+    elif protocol:
+        decoding = (f"{args.model}: greedy" if protocol["greedy"] else
+                    f"{args.model}: n={protocol['n']}, T={protocol['temperature']}, top-p={protocol['top_p']}")
+        decoding += f", max {protocol['max_new_tokens']} new tokens"
+    else:
+        decoding = f"{args.model}: each benchmark's protocol (in the JSON)"
+    print(f"\n{PANELS[args.panel].title + ': ' if args.panel else ''}{decoding} (percent)")
+    print(format_table(results, labels, left_out))
+    if args.panel and any(name in results for name, _, _ in PANELS[args.panel].members):
+        print("\n" + format_panel(results, args.panel))
     print(f"results: {out}")
     return report
 

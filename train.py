@@ -49,6 +49,7 @@ from tqdm import tqdm
 
 import eval as evaluation
 import pass_advantage
+import plots
 import prime
 import runlog
 import sandbox
@@ -583,7 +584,7 @@ def main(argv=None):
         n_steps = max(args.steps - start_step, 1)
         timing = {"wall_seconds": time.time() - wall_start,
                   "step_seconds": {k: v / n_steps for k, v in phase_totals.items()}, "eval_seconds": eval_seconds}
-        evaluation.write_summary(run_dir, args, start, end, timing, len(eval_tasks))
+        plots.write_summary(run_dir, args, start, end, timing, len(eval_tasks))
     barrier(dist)  # every rank leaves together, after rank 0's summary
     # DDP's reducers hold the process group: freed after it, the last would free gloo's group holding the GIL
     # while gloo's threads wait for it, a hang at exit (pytorch#56297). So the DDP models go first, then the group.

@@ -137,6 +137,10 @@ EVAL_BAD = [
     (["--model", "README.md", "--rollout", "sglang"], "--rollout"),
     (["--model", "README.md", "--math-grader", "sympy"], "--math-grader"),
     (["--episodes", "/nonexistent"], "--episodes /nonexistent: no episodes.jsonl"),
+    (["--responses", "/nonexistent"], "--responses /nonexistent: no such file"),
+    (["--model", "README.md", "--panel", "prime2"], "--panel"),
+    (["--model", "README.md", "--benchmark-file", "livecodebench"], "--benchmark-file livecodebench: expected NAME=PATH"),
+    (["--model", "README.md", "--lcb-dates", "2023-05-01"], "--lcb-dates 2023-05-01: expected START:END"),
 ]
 
 

@@ -22,6 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+import benchmark  # noqa: E402
 import config  # noqa: E402
 import data  # noqa: E402
 import eval  # noqa: E402  (our eval.py; shadows the builtin only inside this file)
@@ -29,7 +30,7 @@ import runlog  # noqa: E402
 import toy_task  # noqa: E402
 import verify  # noqa: E402
 
-DATA = data.DATA_DIR  # benchmarks/ in this repository
+DATA = benchmark.DATA_DIR  # benchmarks/ in this repository
 from conftest import SFT_STEPS
 
 
@@ -148,10 +149,15 @@ HAND_READ = [("math500", 0, "\\left( 3, \\frac{\\pi}{2} \\right)"), ("gsm8k", 0,
 KNOWN_FAILURES: dict[tuple[str, int], str] = {}
 
 
+# The math benchmarks that ship (code is tested in test_benchmarks.py; release files do not ship).
+SHIPPED_MATH = [name for name, bench in benchmark.BENCHMARKS.items() if bench.kind == "math"]
+
+
 def test_every_gold_verifies_against_itself():
-    items = [(name, item) for name in data.BENCHMARKS for item in data.load_benchmark(name, DATA)]
-    for name, bench in data.BENCHMARKS.items():  # row counts as in SOURCES.md
-        assert sum(n == name for n, _ in items) == bench.rows, name
+    items = [(name, item) for name in SHIPPED_MATH for item in benchmark.load_benchmark(name, DATA)]
+    for name in SHIPPED_MATH:  # problem counts as in SOURCES.md (prime_aime24: the 30 rows of 2024)
+        expected = 30 if name == "prime_aime24" else benchmark.BENCHMARKS[name].rows
+        assert sum(n == name for n, _ in items) == expected, name
     golds = {(name, item.index): item.gold for name, item in items}
     for name, index, gold in HAND_READ:
         assert golds[(name, index)] == gold, (name, index)
@@ -180,9 +186,12 @@ def test_every_shipped_benchmark_file_has_the_hash_and_row_count_its_sources_pag
     """benchmarks/SOURCES.md's table: each file byte-for-byte the upstream copy it names."""
     table = re.findall(r"^\| `([^`]+)` \(`(\w+)`\) \| (\d+) \|.*\| `([0-9a-f]{64})` \|$",
                        (DATA / "SOURCES.md").read_text(), re.MULTILINE)
-    assert {name for _, name, _, _ in table} == set(data.BENCHMARKS) - {"toy"}
+    # every shipped file once (prime_aime24 is a selection of prime_aime's rows)
+    assert {name for _, name, _, _ in table} == {name for name, b in benchmark.BENCHMARKS.items()
+                                                 if b.path and b.keep is None}
     for path, name, rows, sha in table:
-        assert data.BENCHMARKS[name].path == path and data.BENCHMARKS[name].rows == int(rows), name
+        assert benchmark.BENCHMARKS[name].path == path and benchmark.BENCHMARKS[name].rows == int(rows), name
+        assert len(data.read_rows(DATA / path)) == int(rows), name
         assert hashlib.sha256((DATA / path).read_bytes()).hexdigest() == sha, f"{path} differs from its source"
     shipped = sorted(str(p.relative_to(DATA)) for p in DATA.rglob("*") if p.is_file() and p.name != "SOURCES.md")
     assert shipped == sorted(path for path, _, _, _ in table)  # nothing shipped that the page does not name
@@ -192,17 +201,17 @@ def test_eval_runs_every_benchmark_from_the_repository_alone(sft, tmp_path):
     """`python eval.py` as a user runs it, from another folder, with the default --data-dir: every
     benchmark it names, two problems each (the toy model answers none of the math; the point is that
     each file is found, read and scored)."""
-    names = ",".join(data.BENCHMARKS)
+    names = ",".join(name for name, bench in benchmark.BENCHMARKS.items() if not bench.release)
     out = subprocess.run([sys.executable, str(REPO / "eval.py"), "--model", str(sft), "--benchmarks", names,
                           "--greedy", "--limit", "2", "--max-new-tokens", "8", "--out", str(tmp_path / "r.json")],
                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads((tmp_path / "r.json").read_text())
-    assert list(report["benchmarks"]) == list(data.BENCHMARKS)
+    assert list(report["benchmarks"]) == names.split(",")
     assert all(b["problems"] == 2 for b in report["benchmarks"].values())
     assert report["settings"]["data_dir"] == "benchmarks"  # relative: a report names no machine's folders
     golds = [p["gold"] for p in report["benchmarks"]["gsm8k"]["per_problem"]]
-    assert golds == [item.gold for item in data.load_benchmark("gsm8k", DATA, 2)] == ["18", "3"]
+    assert golds == [item.gold for item in benchmark.load_benchmark("gsm8k", DATA, 2)] == ["18", "3"]
 
 
 def test_sums_task_file_is_distinct_two_digit_questions_with_their_sums(tmp_path):
@@ -491,21 +500,21 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def test_missing_files_and_fields_name_the_benchmark_file_row_and_field(sft, tmp_path):
     with pytest.raises(SystemExit, match=r"--data-dir .*math500/test.jsonl: file not found"):
-        data.load_benchmark("math500", tmp_path)
+        benchmark.load_benchmark("math500", tmp_path)
     _write_jsonl(tmp_path / "math500/test.jsonl", [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?"}])
     with pytest.raises(SystemExit, match=r"--benchmarks math500: .*test.jsonl row 2 has no field 'answer'"):
         eval.main(["--model", str(sft), "--benchmarks", "math500", "--data-dir", str(tmp_path)])
     _write_jsonl(tmp_path / "aime24/test.jsonl", [])
     with pytest.raises(SystemExit, match=r"--benchmarks aime24: .*test.jsonl holds no problems"):
-        data.load_benchmark("aime24", tmp_path)
+        benchmark.load_benchmark("aime24", tmp_path)
     _write_jsonl(tmp_path / "gsm8k/test.jsonl", [{"question": "q", "answer": "so 4"}])
     with pytest.raises(SystemExit, match=r"gsm8k: .* row 1: its 'answer' has no '####'"):
-        data.load_benchmark("gsm8k", tmp_path)
+        benchmark.load_benchmark("gsm8k", tmp_path)
     _write_jsonl(tmp_path / "minerva_math/test.jsonl", [{"problem": "q", "solution": "it is 4"}])
     with pytest.raises(SystemExit, match=r"minerva: .* row 1: its 'solution' has no closed \\boxed"):
-        data.load_benchmark("minerva", tmp_path)
+        benchmark.load_benchmark("minerva", tmp_path)
     _write_jsonl(tmp_path / "olympiadbench/test.jsonl", [{"question": "q", "final_answer": "4"}])
     with pytest.raises(SystemExit, match=r"olympiad: .* row 1: its 'final_answer' must be a non-empty list"):
-        data.load_benchmark("olympiad", tmp_path)
+        benchmark.load_benchmark("olympiad", tmp_path)
 
 

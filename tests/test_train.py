@@ -507,8 +507,9 @@ def test_qa_rows_become_hotpotqa_style_tasks(tmp_path):
     args = config.Args(data=str(tmp_path / "qa.jsonl"), task="qa", prompt_key="question", max_prompt_len=10_000)
     tasks = data.read_tasks(args, tokenizer)
     assert [t.kind for t in tasks] == ["qa"] * 3
-    assert tasks[0].text == "Context:\n[France] Paris is big. It is old.\n\nQuestion: Q1?" + data.QA_SUFFIX
-    assert tasks[1].text.startswith("Context:\n[A] a1.a2.\n[B] b1.\n\nQuestion: Q2?")
+    # labelled paragraphs and sentences, one paragraph a line (PASS's prompt; eval.py's QA benchmarks alike)
+    assert tasks[0].text == "Context:\n[P1] France: [S1] Paris is big. [S2] It is old.\n\nQuestion: Q1?" + data.QA_SUFFIX
+    assert tasks[1].text.startswith("Context:\n[P1] A: [S1] a1. [S2] a2.\n[P2] B: [S1] b1.\n\nQuestion: Q2?")
     assert tasks[1].answer == ["NYC", "New York"]  # aliases stay a list: verify.py takes the best match
     assert tasks[2].text == "Q3?" + data.QA_SUFFIX  # no context field: the question alone
     assert "Final Answer: [Entity]" in data.QA_SUFFIX
