@@ -81,9 +81,14 @@ Design
    - under the default grader only: boxes that end the response together read as a tuple, in order,
      for a tuple gold; a response with no box whose answer stands right after a negation scores 0
      ("denied"), and so does one that hedges in its answer's sentence ("hedged": "either 36 or 63").
+   - how a value is written, read as a careful grader reads it ("Reading an answer as a careful
+     grader reads it" below; notation, exact plain numbers, rounded golds, ±, words, units, order, a
+     hedge after the last box): `notation` under both graders, the rules on the last box's content
+     under both, the hedge after the box and labelled order under the default grader only.
    On tests/math_equivalence_cases.py (445 labelled cases, 332 from public graders' test suites) the
    math-verify reading agrees with the label on 438 (98.4%), the official rule on 288 (64.7%, most
-   misses are answers outside a box).
+   misses are answers outside a box); with the 79 cases of READ_CAREFULLY, scored with their
+   questions, 517 of 524 and 363 (bench/grader_diff.py).
    No string shortcut: every answer goes through math-verify, so the real-data tests test it.
    The format channel (PASS's `math_format`) is the same rule under both graders: 1 iff the response
    has exactly one closed, non-empty box. So under math-verify a right answer in two boxes, or with
@@ -567,6 +572,318 @@ def _clean_latex(answer: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Reading an answer as a careful grader reads it: notation, values in words, units, order, rounding
+# ---------------------------------------------------------------------------------------------------
+# Each rule is one function; docs/verification.md gives each in a sentence with what it does not do.
+# notation() rewrites how a value is written, in the gold and in the response alike, before anything
+# is parsed (both graders); the others read the last box's content (both graders) or, for a hedge
+# written after the last box, the response (default grader only).
+
+# 1. Scientific notation: e/E notation (Minerva's golds: 2.75e11, 1e-8), unicode superscripts and the
+#    multiplication signs read as a x 10^{k}, which math-verify compares by value (2.75e11 read as
+#    written is 2.75 * e * 11, Euler's number, which only e-notation matched).
+_E_NOTATION = re.compile(r"(?<![\w.\\^])(\d+(?:\.\d*)?|\.\d+)[eE]([-+]?\d+)(?![\w.])")
+_SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺", "0123456789-+")
+_SUPERSCRIPT_RUN = re.compile(r"[⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+")
+# 2. A number written inside \text{} ("\text{7.5 meters}"): the number outside, the words a unit.
+_NUMBER_IN_TEXT = re.compile(r"\\(?:text|textrm|mbox)\s*\{\s*([-+]?\d[\d,]*(?:\.\d+)?)\s*([^{}]*)\}")
+# 3. Layout: "2i\sqrt{2}" (an i run into a command), a repeating decimal "0.1\overline{6}", a column
+#    vector against a coordinate tuple, a \left( whose \right lost its delimiter.
+_I_BEFORE_COMMAND = re.compile(r"(?<=[\d}])\s*i\s*(?=\\[a-zA-Z])")
+_REPEATING = re.compile(r"(?<![\d.])(-?)(\d*)\.(\d*)\\(?:overline|bar)\s*\{(\d+)\}")
+_COLUMN_VECTOR = re.compile(r"\\begin\{[pb]matrix\}((?:[^&\\]|\\(?!\\|end))*?(?:\\\\(?:[^&\\]|\\(?!\\|end))*?)+)"
+                            r"\\end\{[pb]matrix\}")
+_LEFT = re.compile(r"\\left\s*([(\[])")
+_BARE_RIGHT = re.compile(r"\\right(?![)\]|.\\]|\\\}|\\rangle)")
+
+
+def _repeating_fraction(m: re.Match) -> str:
+    """"0.1\\overline{6}" -> "\\frac{1}{6}": the digits before the bar and the repeating block as one fraction."""
+    sign, whole, fixed, block = m.group(1), m.group(2) or "0", m.group(3), m.group(4)
+    numerator = int(whole + fixed + block) - int(whole + fixed)
+    denominator = (10 ** len(block) - 1) * 10 ** len(fixed)
+    return f"{sign}\\frac{{{numerator}}}{{{denominator}}}"
+
+
+def _column_tuple(m: re.Match) -> str:
+    rows = [row.strip() for row in m.group(1).split("\\\\")]
+    return "(" + ", ".join(row for row in rows if row) + ")"
+
+
+def _close_bare_rights(text: str) -> str:
+    """A \\right with no delimiter after it closes the \\left before it: "\\left( 3, 4 \\right" -> "... \\right)"."""
+    opens = [m.group(1) for m in _LEFT.finditer(text)]
+    if not opens or not _BARE_RIGHT.search(text):
+        return text
+    closing = {"(": ")", "[": "]"}[opens[-1]]
+    return _BARE_RIGHT.sub(lambda _: "\\right" + closing, text, count=1)
+
+
+def notation(text: str) -> str:
+    """How a value is written, made plain, in a gold or a response (both graders; see the rules above):
+        "2.75e11" -> "2.75 \\times 10^{11}";  "6 × 10¹³" -> "6 \\times 10^{13}";  "\\text{7.5 meters}" ->
+        "7.5 \\text{ meters}";  "2i\\sqrt{2}" -> "2 i \\sqrt{2}";  "0.1\\overline{6}" -> "\\frac{1}{6}";
+        "\\begin{pmatrix} 1 \\\\ -2 \\end{pmatrix}" -> "(1, -2)"."""
+    if "e" in text or "E" in text:
+        text = _E_NOTATION.sub(r"\1 \\times 10^{\2}", text)
+    if _SUPERSCRIPT_RUN.search(text):
+        text = _SUPERSCRIPT_RUN.sub(lambda m: "^{" + m.group().translate(_SUPERSCRIPTS) + "}", text)
+    text = text.replace("×", " \\times ").replace("·", " \\cdot ")
+    text = _NUMBER_IN_TEXT.sub(lambda m: m.group(1) + (f" \\text{{ {m.group(2).strip()}}}" if m.group(2).strip() else ""),
+                               text)
+    text = _I_BEFORE_COMMAND.sub(" i ", text)
+    if "\\overline" in text or "\\bar" in text:
+        text = _REPEATING.sub(_repeating_fraction, text)
+    if "matrix" in text:
+        text = _COLUMN_VECTOR.sub(lambda m: m.group() if "&" in m.group() else _column_tuple(m), text)
+    if "\\left" in text:
+        text = _close_bare_rights(text)
+    return text
+
+
+# 4. Values in words: a number word in a box ("\text{five}") is that number; "none" is 0 when the
+#    question asks "how many"; a gold that is a phrase ("\text{no solution}", "\text{infinitely many}") is
+#    answered by any phrase of its kind ("no real solutions", "\emptyset"; "infinitely many solutions",
+#    "\infty"), never by a number.
+_NUMBER_WORDS = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty".split())}
+_NO_SOLUTION = {"no solution", "no solutions", "no real solution", "no real solutions", "no real roots", "no roots",
+                "there is no solution", "there are no solutions", "there are no real solutions", "none", "no such",
+                "no such value", "no value", "empty set", "\\emptyset", "\\varnothing", "\\{\\}", "{}", "dne",
+                "does not exist"}
+_INFINITELY_MANY = {"infinitely many", "infinitely many solutions", "infinite", "infinitely", "infinity", "\\infty",
+                    "infinitely many values", "there are infinitely many", "an infinite number", "infinitely many ways"}
+_WORD_MARKUP = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\s*\{([^{}]*)\}")
+
+
+def _words(content: str) -> str:
+    """A box's content as plain lower-case words: "\\text{No Real Solutions.}" -> "no real solutions"."""
+    text = _WORD_MARKUP.sub(r"\1", content).replace("$", "").replace("~", " ")
+    return " ".join(text.lower().strip().rstrip(".").split())
+
+
+def word_value(content: str, question: str = "") -> str | None:
+    """What a box's words say as a value the grader compares: "5" for "\\text{five}", "0" for "none"
+    when the question asks how many, "no solution" or "infinitely many" for a phrase of either kind;
+    None when the content is no such word."""
+    words = _words(content)
+    if words in _NUMBER_WORDS:
+        return str(_NUMBER_WORDS[words])
+    if words in ("none", "no", "zero") and re.search(r"\bhow many\b", question, re.IGNORECASE):
+        return "0"
+    if words in _NO_SOLUTION:
+        return "no solution"
+    if words in _INFINITELY_MANY:
+        return "infinitely many"
+    return None
+
+
+# 5. The unit the question asks for ("in centimeters", "(in cm)", "how many grams"): a unit written in
+#    the answer that is not that one (another prefix, another unit of any kind) makes it wrong; the same
+#    unit, in any spelling, is ignored; where the question asks for none, units are ignored as before.
+_UNITS_OF = {
+    "m": ("m", "meter", "meters", "metre", "metres"), "km": ("km", "kilometer", "kilometers", "kilometre", "kilometres"),
+    "dm": ("dm", "decimeter", "decimeters"), "cm": ("cm", "centimeter", "centimeters", "centimetre", "centimetres"),
+    "mm": ("mm", "millimeter", "millimeters", "millimetre", "millimetres"),
+    "um": ("um", "µm", "μm", "\\mum", "micrometer", "micrometers", "micron", "microns"),
+    "nm": ("nm", "nanometer", "nanometers"), "pm": ("pm", "picometer", "picometers"),
+    "angstrom": ("å", "\\aa", "\\a", "angstrom", "angstroms"), "in": ("inch", "inches"), "ft": ("ft", "foot", "feet"),
+    "yd": ("yd", "yard", "yards"), "mi": ("mile", "miles"),
+    "g": ("g", "gram", "grams"), "kg": ("kg", "kilogram", "kilograms"), "mg": ("mg", "milligram", "milligrams"),
+    "lb": ("lb", "lbs", "pound", "pounds"), "oz": ("oz", "ounce", "ounces"),
+    "s": ("s", "sec", "secs", "second", "seconds"), "ms": ("ms", "millisecond", "milliseconds"),
+    "min": ("min", "mins", "minute", "minutes"), "h": ("h", "hr", "hrs", "hour", "hours"), "day": ("day", "days"),
+    "year": ("yr", "yrs", "year", "years"),
+    "l": ("l", "liter", "liters", "litre", "litres"), "ml": ("ml", "milliliter", "milliliters", "millilitre"),
+    "j": ("j", "joule", "joules"), "kj": ("kj", "kilojoule", "kilojoules"), "ev": ("ev", "electronvolt", "electronvolts"),
+    "w": ("w", "watt", "watts"), "kw": ("kw", "kilowatt", "kilowatts"), "n": ("newton", "newtons"),
+    "hz": ("hz", "hertz"), "khz": ("khz",), "mhz": ("mhz",), "ghz": ("ghz",),
+}
+_UNIT = {spelling: unit for unit, spellings in _UNITS_OF.items() for spelling in spellings}
+_ASKED_UNIT = re.compile(r"(?:\bin units of|\bexpressed in|\banswer in|\bgive your answer in|\bin|\bhow many)\s+"
+                         r"(?:\$?\\(?:mathrm|text|rm)\s*\{\s*~?)?([A-Za-zµμÅ\\]+)", re.IGNORECASE)
+_ANSWER_UNIT = re.compile(r"(?:\\(?:text|textrm|mathrm|mbox|rm)\s*\{\s*~?\s*([^{}]+?)\s*\}|(?<=[\d}\s])([A-Za-zµμÅ]+)\s*\.?)\s*$")
+
+
+def asked_unit(question: str) -> str | None:
+    """The unit the question asks the answer in ("... in centimeters?", "(in cm)", "How many grams"), None if none."""
+    asked = [_UNIT.get(m.group(1).lower()) for m in _ASKED_UNIT.finditer(question)]
+    asked = [unit for unit in asked if unit is not None]
+    return asked[-1] if asked else None  # the last: a question states its data first, then what it asks
+
+
+def answer_unit(content: str) -> tuple[str, str | None]:
+    """(the unit written at the end of a box's content, as spelt; the unit it names or None if unknown)."""
+    m = _ANSWER_UNIT.search(content.strip())
+    if not m:
+        return "", None
+    spelt = (m.group(1) or m.group(2) or "").strip().lower().replace(" ", "")
+    return spelt, _UNIT.get(spelt)
+
+
+def wrong_unit(content: str, question: str) -> bool:
+    """Whether the box writes a unit other than the one the question asks for ("2.5 mm" when it asks cm)."""
+    asked = asked_unit(question) if question else None
+    if asked is None:
+        return False
+    spelt, unit = answer_unit(content)
+    return unit is not None and unit != asked
+
+
+# 6. Order: where the question fixes it ("in that order", "enter the ordered pair") or the response
+#    labels its values ("(m, n) = (2, 5)": read in the order the question names m and n), a gold written
+#    as a bare list is an ordered tuple; elsewhere a bare list stays a set of solutions.
+_ORDER_WORDS = re.compile(r"\bin (?:that|this|the given|the same) order\b|\b(?:enter|give|as|express\w*)\b[^.?]{0,30}"
+                          r"\bordered (?:pair|triple)\b", re.IGNORECASE)
+_TUPLE_LABEL = re.compile(r"\(\s*([A-Za-z])\s*(?:,\s*([A-Za-z])\s*)(?:,\s*([A-Za-z])\s*)?\)\s*=\s*\$?\s*$")
+
+
+def order_fixed(question: str) -> bool:
+    return bool(_ORDER_WORDS.search(question))
+
+
+def labelled_order(response: str, box_start: int, question: str) -> list[int] | None:
+    """Where the last box is labelled "(m, n) = \\boxed{...}" with letters the question names: the
+    positions of the box's values in the question's order (m first if the question names m first)."""
+    label = _TUPLE_LABEL.search(response[max(0, box_start - 40):box_start])
+    if not label:
+        return None
+    names = [g for g in label.groups() if g]
+    where = [re.search(rf"(?<![A-Za-z\\]){n}(?![A-Za-z])", question) for n in names]
+    if not all(where) or len(set(names)) != len(names):
+        return None
+    return sorted(range(len(names)), key=lambda i: where[i].start())
+
+
+def _values(content: str) -> list[str]:
+    """A box's values: its top-level comma-separated parts, outer parentheses dropped."""
+    text = _BOX_LHS.sub("", content.strip())
+    text = re.sub(r"^\\left\s*", "", text)
+    text = re.sub(r"\\right\s*\)$", ")", text)
+    if text[:1] in "([" and text[-1:] in ")]":
+        text = text[1:-1]
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    return parts + [current.strip()]
+
+
+# 7. ± in a box: "\pm" (or ±) names both signs, each combination one value: "(\pm 1, 0)" is (1, 0) and
+#    (-1, 0); "\frac{1 \pm \sqrt{5}}{2}" is the two roots. It answers a gold that lists them all.
+_PM = re.compile(r"\\pm|±")
+
+
+def expand_pm(content: str) -> str | None:
+    """"(\\pm 1, 0)" -> "(+1, 0), (-1, 0)"; None without a ± or with more than three."""
+    pieces = _PM.split(content)
+    if not 2 <= len(pieces) <= 4:
+        return None
+    variants = []
+    for signs in range(2 ** (len(pieces) - 1)):
+        text = pieces[0]
+        for k, piece in enumerate(pieces[1:]):
+            text += ("-" if signs >> k & 1 else "+") + piece
+        variants.append(text)
+    return ", ".join(variants)
+
+
+# 8. Rounded golds (Minerva's are rounded: 1.4 for a value given to two significant figures): where the
+#    question fixes no precision, an answer given with more digits is right when it rounds to the gold at
+#    the gold's own precision (1.414 for 1.4; 2.748e11 for 2.75e11); 1.46 is not. A question that fixes a
+#    precision (decimal places, significant figures, "nearest", "round", "exact", "as a decimal" or a
+#    fraction) is answered at that precision only, and an integer gold is never a rounded one.
+_PRECISION_FIXED = re.compile(r"significant|decimal|nearest|round|exact|fraction|simplest|radical|integer",
+                              re.IGNORECASE)
+_PLAIN_NUMBER = re.compile(r"^\s*(-?)(\d+(?:\.\d+)?)(?:\s*\\(?:times|cdot)\s*10\s*\^\s*\{?\s*([-+]?\d+)\s*\}?)?\s*$")
+
+
+def plain_numbers(content: str, gold: str):
+    """(answer, gold) as exact decimals when both are plain numbers (a decimal, or a x 10^{k}), else None.
+    math-verify rounds numbers to 6 decimal places before comparing them, so 2 x 10^{-8} would answer a
+    gold of 10^{-8} (Minerva has 16 golds under 10^{-5}); two plain numbers are compared here exactly."""
+    from decimal import Decimal
+
+    found = [_PLAIN_NUMBER.match(text) for text in (_UNITS.sub("", _BOX_LHS.sub("", content)), _clean_latex(gold))]
+    if not all(found):
+        return None
+    return tuple(Decimal(m.group(1) + m.group(2)).scaleb(int(m.group(3) or 0)) for m in found)
+
+
+def rounds_to_gold(content: str, gold: str, question: str) -> bool:
+    """Whether the answer, written with more digits than the gold, rounds to it at the gold's precision."""
+    from decimal import ROUND_HALF_UP, Decimal
+
+    g, a = _PLAIN_NUMBER.match(notation(_clean_latex(gold))), _PLAIN_NUMBER.match(_UNITS.sub("", content))
+    if not g or not a or _PRECISION_FIXED.search(question) or ("." not in g.group(2) and g.group(3) is None):
+        return False
+    gold_value = Decimal(g.group(1) + g.group(2)) * Decimal(10) ** int(g.group(3) or 0)
+    answer_value = Decimal(a.group(1) + a.group(2)) * Decimal(10) ** int(a.group(3) or 0)
+    scale = Decimal(10) ** int(g.group(3) or 0)  # round the mantissa at the gold's own decimals
+    step = Decimal(1).scaleb(-len(g.group(2).partition(".")[2]))
+    digits = len((a.group(2).replace(".", "")).lstrip("0"))
+    if digits <= len(g.group(2).replace(".", "").lstrip("0")):  # not written more precisely: compared as is
+        return False
+    return (answer_value / scale).quantize(step, rounding=ROUND_HALF_UP) == gold_value / scale
+
+
+# 9. A hedge after the last box: "\boxed{12}. Hmm, but I am not certain; it might be 15 instead" commits
+#    to neither value (default grader; a hedge before the box is a first try the box settles).
+_DOUBT = re.compile(r"\b(?:not (?:certain|sure|confident)|unsure|uncertain|(?:might|may|could) be wrong)\b", re.IGNORECASE)
+_ALTERNATIVE = re.compile(r"\b(?:(?:might|could|may)(?: also| instead)? be|maybe|perhaps|possibly|probably|or)\s*\$?\s*"
+                          r"([-−]?\d+(?:\.\d+)?)", re.IGNORECASE)
+_NUMBER_TOKEN = re.compile(r"(?<![\w.])[-−]?\d+(?:\.\d+)?")
+
+
+def hedged_after_box(response: str) -> bool:
+    """Whether the words after the last box doubt it and name another value: "\\boxed{12}. I am not
+    certain; it might be 15" and "\\boxed{12}, or maybe 15" do; "\\boxed{12}. Check: 3 + 9 = 12." does not."""
+    spans = _box_spans(response)
+    if not spans:
+        return False
+    boxed, after = set(_NUMBER_TOKEN.findall(_box_content(response, spans[-1]))), response[spans[-1][1] + 1:]
+    others = [n for n in _NUMBER_TOKEN.findall(after) if n not in boxed]
+    return bool(others) and (bool(_DOUBT.search(after)) or any(n not in boxed for n in _ALTERNATIVE.findall(after)))
+
+
+def careful_verdict(content: str, gold: str, question: str, gold_parsed, boxes: list[str] | None = None,
+                    order: list[int] | None = None) -> tuple[float, str] | None:
+    """The rules above that read the last box's content, in the order a grader applies them:
+    (0, "wrong_unit") or (0, "wrong_order") refuse an answer whatever its value; (1, "ok") accepts one by
+    its words, its ± or its rounding; None leaves the verdict to the comparison of values. `boxes`: the
+    boxes that end the response together (labelled parts of one answer); `order`: labelled_order's."""
+    from math_verify import verify  # only workers import sympy
+
+    if wrong_unit(content, question):
+        return 0.0, "wrong_unit"
+    if (order is not None or order_fixed(question)) and _is_list(gold_parsed):
+        values = [_BOX_LHS.sub("", box) for box in boxes] if boxes and len(boxes) >= 2 else _values(content)
+        if order is not None and len(order) == len(values):
+            values = [values[i] for i in order]
+        same = verify(_parse_boxed("(" + ", ".join(_values(gold)) + ")"), _parse_boxed("(" + ", ".join(values) + ")"),
+                      timeout_seconds=None)
+        return (1.0, "ok") if same else (0.0, "wrong_order")
+    said, gold_said = word_value(content, question), word_value(gold, question)
+    if said is not None:
+        if gold_said is not None:
+            return (1.0, "ok") if said == gold_said else (0.0, "wrong")
+        if said.isdigit() and verify(gold_parsed, _parse_boxed(said), timeout_seconds=None):
+            return 1.0, "ok"
+    if (expanded := expand_pm(content)) is not None and not _PM.search(gold) and \
+            verify(gold_parsed, _parse_boxed(expanded), timeout_seconds=None):
+        return 1.0, "ok"
+    if (numbers := plain_numbers(content, gold)) is not None:  # two numbers: their exact values decide
+        return (1.0, "ok") if numbers[0] == numbers[1] or rounds_to_gold(content, gold, question) else (0.0, "wrong")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
 # QA: PASS's "Final Answer: ..." format and SQuAD metrics (run in the calling process)
 # ---------------------------------------------------------------------------------------------------
 
@@ -756,10 +1073,13 @@ def _math_equal(answer: str, gold: str, question: str = "") -> tuple[float, str]
     verify(gold, answer) (not symmetric), then the readings of _equal. (reward, reason)."""
     if letter := choice_letter(gold):
         return (1.0, "ok") if box_letter(answer) == letter else (0.0, "wrong")
+    answer, gold = notation(answer), notation(gold)
     answer_parsed, gold_parsed = _parse_boxed(answer), _parse_boxed(gold)  # "\\boxed{173.}" answers 173
     if refused := not_an_answer(answer, gold, question, answer_parsed[0] if answer_parsed else None,
                                 gold_parsed[0] if gold_parsed else None):
         return 0.0, refused
+    if (verdict := careful_verdict(answer, gold, question, gold_parsed)) is not None:
+        return verdict
     return (1.0, "ok") if _equal(gold_parsed, answer_parsed, answer, gold) else (0.0, "wrong")
 
 
@@ -823,7 +1143,7 @@ def _math_verify_response(response: str, gold: str, question: str = "") -> tuple
     \\boxed{4}" for (4, 4))."""
     from math_verify import parse, verify  # only workers import sympy
 
-    response, gold = drop_box_stops(join_spaced_thousands(response)), join_spaced_thousands(gold)
+    response, gold = notation(drop_box_stops(join_spaced_thousands(response))), notation(join_spaced_thousands(gold))
     read = without_denials(response)
 
     def denied_as_it_stands() -> bool:  # the whole response, read as math-verify reads it, answers a denied value
@@ -841,11 +1161,22 @@ def _math_verify_response(response: str, gold: str, question: str = "") -> tuple
     if refused := not_an_answer(answer_parsed[-1], gold, question, answer_parsed[0],
                                 gold_parsed[0] if gold_parsed else None):
         return 0.0, "denied" if denied_as_it_stands() else refused
+    verdict = None
     if not _BOX_START.search(read):
         if denied(answer_parsed[-1], response):  # as it stands: "52 + 56 is not 108, so add 5 to 108."
             return 0.0, "denied"
         if hedged(answer_parsed[-1], read, _is_list(gold_parsed)):
             return 0.0, "hedged"
+    elif spans := _box_spans(read):
+        if hedged_after_box(read):
+            return 0.0, "hedged"
+        content, boxes, read_as = _box_content(read, spans[-1]), final_boxes(read), _bare(answer_parsed[-1])
+        # only where the answer math-verify read is the last box (or the boxes that end the response together)
+        if _bare(content) == read_as or (len(boxes) >= 2 and _bare(content) in read_as):
+            verdict = careful_verdict(content, gold, question, gold_parsed, boxes,
+                                      labelled_order(read, spans[-1][0], question))
+        if verdict is not None:
+            return verdict
     if _equal(gold_parsed, answer_parsed, answer_parsed[-1], gold):
         return 1.0, "ok"
     boxes = [_BOX_LHS.sub("", box) for box in final_boxes(read)]

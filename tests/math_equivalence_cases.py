@@ -515,3 +515,130 @@ CAREFUL = [
     ('25', 'The discount is $\\boxed{2.5\\%}$.', 0),
 ]
 CASES += CAREFUL
+
+
+def question(benchmark_name: str, index: int) -> str:
+    """The text of a shipped benchmark's question (benchmark.py's reading), for the cases below."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repository, for benchmark.py
+    import benchmark
+    return benchmark.load_benchmark(benchmark_name, limit=index + 1)[index].question
+
+
+# This project (issue 75): right answers to the shipped benchmarks' own questions written the way math
+# models write them, and wrong ones beside them: (gold, response, label, question). Each kind is one rule
+# of verify.py ("Reading an answer as a careful grader reads it"); the question is read for the unit it
+# asks, an order it fixes, "how many" and a precision it fixes. Golds and questions are the benchmarks'
+# where they have one (Minerva's e-notation golds, MATH-500's ± roots, units and column vectors).
+_R1 = question("minerva", 42)      # the orbital radius, in centimeters; gold 2.75e11
+_L = question("minerva", 23)       # a luminosity in erg/s; gold 7e37
+_RES = question("minerva", 44)     # an angular resolution in radians; gold 1e-5
+_DB = question("minerva", 267)     # a de Broglie wavelength; "Give answer in meters"; gold 4.6e-24
+_BOHR = question("minerva", 16)    # a wavelength in centimeters, no precision; gold 4.49
+_VC = question("minerva", 39)      # v/c, no precision; gold 0.033
+_GAP = question("minerva", 157)    # "in eV, to 1 decimal place"; gold 1.3
+_EXP = question("minerva", 67)     # e^{a+bi} in the form x + yi; gold 1+\sqrt{3} i
+_HEIGHT = question("math500", 13)  # a height in centimeters; gold 5
+_PERIMETER = question("math500", 5)  # a perimeter in inches; gold 42
+_DIAGONAL = question("math500", 426)  # a diagonal in centimeters; gold 6\sqrt{2}
+_REFLECT = question("math500", 408)  # a reflected vector; gold a column vector
+_ROOTS = question("math500", 284)  # "Enter all the solutions"; gold 3 \pm 2 \sqrt{2}
+_IN_ORDER = "Find $x$ and $y$, in that order, if $x + y = 4$ and $x - y = 2$."
+_IN_ORDER_3 = "Find $a$, $b$ and $c$, in that order, if $a + b + c = 6$, $b = 2a$ and $c = 3a$."
+_MN = "Find $m$ and $n$ if $m + n = 7$ and $m - n = 3$."
+_CM = "A strip of paper is folded in half four times and is then 2.5 cm long per fold. How long is a fold, in centimeters?"
+READ_CAREFULLY = [
+    # Scientific notation: e-notation golds answered in LaTeX's usual forms, unicode, plain decimals.
+    ('2.75e11', 'So $r_1 = \\boxed{2.75 \\times 10^{11}}$ cm.', 1, _R1),
+    ('2.75e11', '$r_1 = \\boxed{2.75 \\cdot 10^{11}}$ centimeters.', 1, _R1),
+    ('2.75e11', 'The radius is $\\boxed{2.75E11}$ cm.', 1, _R1),
+    ('2.75e11', 'The radius is $\\boxed{275000000000}$ cm.', 1, _R1),
+    ('2.75e11', 'So $r_1 = \\boxed{2.76 \\times 10^{11}}$ cm.', 0, _R1),
+    ('2.75e11', 'So $r_1 = \\boxed{2.75 \\times 10^{12}}$ cm.', 0, _R1),
+    ('7e37', 'The luminosity is $\\boxed{7 \\times 10^{37}}$ erg/s.', 1, _L),
+    ('7e37', 'L ≈ $\\boxed{7 × 10³⁷}$ erg/s', 1, _L),
+    ('7e37', 'The luminosity is $\\boxed{8 \\times 10^{37}}$ erg/s.', 0, _L),
+    ('1e-5', 'The resolution is $\\boxed{10^{-5}}$ radians.', 1, _RES),
+    ('1e-5', 'The resolution is $\\boxed{0.00001}$ radians.', 1, _RES),
+    ('1e-5', 'The resolution is $\\boxed{10^{-6}}$ radians.', 0, _RES),
+    ('1e-5', 'The resolution is $\\boxed{0.0001}$ radians.', 0, _RES),
+    ('4.6e-24', '$\\lambda = \\boxed{4.6 \\times 10^{-24}\\ \\text{m}}$', 1, _DB),
+    # Units: the one the question asks, in any spelling, is ignored; another (a prefix off by 10) is wrong.
+    ('4.6e-24', '$\\lambda = \\boxed{4.6 \\times 10^{-22}\\ \\text{cm}}$', 0, _DB),
+    ('2.75e11', 'So $r_1 = \\boxed{2.75 \\times 10^{9} \\text{ m}}$.', 0, _R1),
+    ('5', 'The height is $\\boxed{5 \\text{ cm}}$.', 1, _HEIGHT),
+    ('5', 'The height is $\\boxed{5 \\text{ inches}}$.', 0, _HEIGHT),
+    ('6\\sqrt{2}', 'The diagonal is $\\boxed{6\\sqrt{2}\\,\\mathrm{cm}}$.', 1, _DIAGONAL),
+    ('6\\sqrt{2}', 'The diagonal is $\\boxed{6\\sqrt{2}\\text{ mm}}$.', 0, _DIAGONAL),
+    ('42', 'The perimeter is $\\boxed{42 \\text{ ft}}$.', 0, _PERIMETER),
+    ('2.5', 'Each fold is $\\boxed{2.5 \\text{ cm}}$ long.', 1, _CM),
+    ('2.5', 'Each fold is $\\boxed{2.5 \\text{ mm}}$ long.', 0, _CM),
+    ('2.5', 'Each fold is $\\boxed{2.5 \\text{ dm}}$ long.', 0, _CM),
+    # A number inside \text{}: the number, then its unit.
+    ('42', 'The perimeter is $\\boxed{\\text{42 inches}}$.', 1, _PERIMETER),
+    ('5', 'So the height is $\\boxed{\\text{5 centimeters}}$.', 1, _HEIGHT),
+    ('5', 'So the height is $\\boxed{\\text{6 centimeters}}$.', 0, _HEIGHT),
+    # Rounded golds: more digits than the gold, rounding to it at its precision, where the question fixes none.
+    ('2.75e11', 'So $r_1 = \\boxed{2.748 \\times 10^{11}}$ cm.', 1, _R1),
+    ('2.75e11', 'So $r_1 = \\boxed{2.742 \\times 10^{11}}$ cm.', 0, _R1),
+    ('4.49', 'The wavelength is $\\boxed{4.4868}$ cm.', 1, _BOHR),
+    ('4.49', 'The wavelength is $\\boxed{4.4813}$ cm.', 0, _BOHR),
+    ('0.033', 'So $v/c = \\boxed{0.03336}$.', 1, _VC),
+    ('0.033', 'So $v/c = \\boxed{0.0346}$.', 0, _VC),
+    ('1.3', 'The gap is $\\boxed{1.32}$ eV.', 0, _GAP),
+    ('1.3', 'The gap is $\\boxed{1.3}$ eV.', 1, _GAP),
+    # Layout: i run into a root, a repeating decimal, a coordinate tuple for a column vector, a lost \right.
+    ('1+\\sqrt{3} i', 'So $e^{a+bi} = \\boxed{1 + i\\sqrt{3}}$.', 1, _EXP),
+    ('1+\\sqrt{3} i', 'So $e^{a+bi} = \\boxed{1 + 3i}$.', 0, _EXP),
+    ('2\\sqrt{2}i', 'The root is $\\boxed{2i\\sqrt{2}}$.', 1, ''),
+    ('2\\sqrt{2}i', 'The root is $\\boxed{2i\\sqrt{3}}$.', 0, ''),
+    ('\\frac{1}{6}', 'As a decimal this is $\\boxed{0.1\\overline{6}}$.', 1, ''),
+    ('\\frac{1}{6}', 'As a decimal this is $\\boxed{0.\\overline{16}}$.', 0, ''),
+    ('\\begin{pmatrix} 1/5 \\\\ -18/5 \\end{pmatrix}', 'It goes to $\\boxed{\\left(\\frac{1}{5}, -\\frac{18}{5}\\right)}$.', 1,
+     _REFLECT),
+    ('\\begin{pmatrix} 1/5 \\\\ -18/5 \\end{pmatrix}', 'It goes to $\\boxed{\\left(-\\frac{18}{5}, \\frac{1}{5}\\right)}$.', 0,
+     _REFLECT),
+    ('(3, \\frac{\\pi}{2})', 'In polar coordinates the point is $\\boxed{\\left( 3, \\frac{\\pi}{2} \\right}$.', 1, ''),
+    ('(3, \\frac{\\pi}{2})', 'In polar coordinates the point is $\\boxed{\\left( 3, \\pi \\right}$.', 0, ''),
+    # ±: each sign one value, answering a gold that lists them all.
+    ('(1,0),(-1,0)', 'The points are $\\boxed{(\\pm 1, 0)}$.', 1, 'Find all points $(x, y)$ on the unit circle with $y = 0$.'),
+    ('(1,0),(-1,0)', 'The points are $\\boxed{(\\pm 1, 1)}$.', 0, 'Find all points $(x, y)$ on the unit circle with $y = 0$.'),
+    ('\\frac{1+\\sqrt{5}}{2}, \\frac{1-\\sqrt{5}}{2}', 'So $x = \\boxed{\\frac{1 \\pm \\sqrt{5}}{2}}$.', 1,
+     'Find all solutions of $x^2 - x - 1 = 0$.'),
+    ('\\frac{1+\\sqrt{5}}{2}, \\frac{1-\\sqrt{5}}{2}', 'So $x = \\boxed{\\frac{-1 \\pm \\sqrt{5}}{2}}$.', 0,
+     'Find all solutions of $x^2 - x - 1 = 0$.'),
+    ('\\frac{1+\\sqrt{5}}{2}', 'So $x = \\boxed{\\frac{1 \\pm \\sqrt{5}}{2}}$.', 0, 'Find the positive root of $x^2 - x - 1 = 0$.'),
+    ('-2, 0, 2', 'The roots are $\\boxed{\\pm 2, 0}$.', 1, 'Find all real $x$ with $x^3 = 4x$.'),
+    ('3 \\pm 2 \\sqrt{2}', 'The solutions are $\\boxed{3 + 2\\sqrt{2}, 3 - 2\\sqrt{2}}$.', 1, _ROOTS),
+    ('3 \\pm 2 \\sqrt{2}', 'The solution is $\\boxed{3 + 2\\sqrt{2}}$.', 0, _ROOTS),
+    # Words for values.
+    ('5', 'So there are $\\boxed{\\text{five}}$ ways.', 1, 'How many ways can the books be arranged?'),
+    ('5', 'So there are $\\boxed{\\text{six}}$ ways.', 0, 'How many ways can the books be arranged?'),
+    ('0', 'It has $\\boxed{\\text{none}}$.', 1, 'How many real solutions does $x^2 + 1 = 0$ have?'),
+    ('2', 'It has $\\boxed{\\text{none}}$.', 0, 'How many real solutions does $x^2 - 1 = 0$ have?'),
+    ('\\text{infinitely many}', 'There are $\\boxed{\\infty}$ solutions.', 1, 'How many solutions does $0x = 0$ have?'),
+    ('\\text{infinitely many}', 'There are $\\boxed{\\text{infinitely many solutions}}$.', 1, 'How many solutions does $0x = 0$ have?'),
+    ('\\text{infinitely many}', 'There are $\\boxed{2}$ solutions.', 0, 'How many solutions does $0x = 0$ have?'),
+    ('\\text{no solution}', 'Hence $\\boxed{\\text{no real solutions}}$.', 1, 'Solve $x^2 = -4$ over the reals.'),
+    ('\\text{no solution}', 'The solution set is $\\boxed{\\emptyset}$.', 1, 'Solve $x^2 = -4$ over the reals.'),
+    ('\\text{no solution}', 'Hence $\\boxed{\\text{infinitely many}}$.', 0, 'Solve $x^2 = -4$ over the reals.'),
+    ('\\text{no solution}', 'Hence $x = \\boxed{0}$.', 0, 'Solve $x^2 = -4$ over the reals.'),
+    # A hedge after the last box commits to nothing; one before it is a first try the box settles.
+    ('12', 'The answer is $\\boxed{12}$. Hmm, but I am not certain; it might be 15 instead.', 0, ''),
+    ('12', 'So $\\boxed{12}$, or maybe 13.', 0, ''),
+    ('12', 'At first it might be 15, but checking again the answer is $\\boxed{12}$.', 1, ''),
+    ('12', 'The answer is $\\boxed{12}$. Check: $3 \\times 4 = 12$.', 1, ''),
+    # Order: fixed by the question ("in that order") or by the response's own label; otherwise a set.
+    ('3, 1', 'So $\\boxed{1, 3}$.', 0, _IN_ORDER),
+    ('3, 1', 'So $\\boxed{3, 1}$.', 1, _IN_ORDER),
+    ('3, 1', 'So $\\boxed{(3, 1)}$.', 1, _IN_ORDER),
+    ('3, 1', 'So $x = \\boxed{3}$ and $y = \\boxed{1}$.', 1, _IN_ORDER),
+    ('3, 1', 'So $x = \\boxed{1}$ and $y = \\boxed{3}$.', 0, _IN_ORDER),
+    ('1, 2, 3', 'So $\\boxed{1, 2, 3}$.', 1, _IN_ORDER_3),
+    ('1, 2, 3', 'So $\\boxed{3, 2, 1}$.', 0, _IN_ORDER_3),
+    ('5, 2', 'Solving, $(m, n) = \\boxed{(2, 5)}$.', 0, _MN),
+    ('5, 2', 'Solving, $(n, m) = \\boxed{(2, 5)}$.', 1, _MN),
+    ('5, 2', 'Solving, $(m, n) = \\boxed{(5, 2)}$.', 1, _MN),
+    ('1, 3', 'The solutions are $\\boxed{3, 1}$.', 1, 'Find all solutions of $x^2 - 4x + 3 = 0$.'),
+]

@@ -8,6 +8,7 @@ read from benchmarks/ (its SOURCES.md says where each benchmark's gold is).
 
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -474,6 +475,93 @@ def test_equivalence_set_agreement_with_both_graders(capsys):
         print(f"\nequivalence set: {len(CASES)} cases; math-verify agrees on {len(CASES) - len(missed)} "
               f"({1 - len(missed) / len(CASES):.1%}), official last-box rule on {len(CASES) - len(official_missed)} "
               f"({1 - len(official_missed) / len(CASES):.1%})")
+
+
+def test_answers_read_carefully_score_as_labelled_with_their_questions():
+    """Issue 75's kinds (scientific notation, units, a number in \text, rounded golds, layout, ±, words,
+    a hedge after the box, order), each response scored with its question as train.py scores it: every
+    case as labelled under the default grader; under --math-grader official every case whose answer is one
+    box's content (no hedge after it, no label before it, one box) scores as its label too."""
+    from math_equivalence_cases import READ_CAREFULLY
+
+    assert len(READ_CAREFULLY) >= 60 and 0.4 <= sum(c[2] for c in READ_CAREFULLY) / len(READ_CAREFULLY) <= 0.6
+    golds, responses, questions = ([c[i] for c in READ_CAREFULLY] for i in (0, 1, 3))
+    default = verify.score_batch(responses, golds, ["math"] * len(golds), questions=questions)
+    assert [s.reward for s in default] == [c[2] for c in READ_CAREFULLY], \
+        [(c, s) for c, s in zip(READ_CAREFULLY, default) if s.reward != c[2]]
+    one_box = [c for c in READ_CAREFULLY if len(verify._boxes(c[1])) == 1 and not verify.hedged_after_box(c[1])
+               and verify._TUPLE_LABEL.search(c[1][:c[1].index("\\boxed")]) is None]
+    assert len(one_box) >= 60
+    official = verify.score_batch([c[1] for c in one_box], [c[0] for c in one_box], ["math"] * len(one_box),
+                                  questions=[c[3] for c in one_box], math_grader="official")
+    assert [s.reward for s in official] == [c[2] for c in one_box], \
+        [(c, s) for c, s in zip(one_box, official) if s.reward != c[2]]
+    reasons = {s.reason for s in default}  # the refusals name their rule
+    assert {"wrong_unit", "wrong_order", "hedged"} <= reasons
+
+
+def test_the_careful_rules_by_hand():
+    """Each rule's pure part on worked inputs, both sides of its edge."""
+    notation = verify.notation
+    assert notation("2.75e11") == "2.75 \\times 10^{11}" and notation("1E-8") == "1 \\times 10^{-8}"
+    assert notation("6 × 10¹³") == "6  \\times  10^{13}" and notation("10⁻⁸") == "10^{-8}"
+    assert notation("2e") == "2e" and notation("e^{2}") == "e^{2}" and notation("the e5 pawn") == "the e5 pawn"
+    assert notation("\\text{7.5 meters}") == "7.5 \\text{ meters}" and notation("\\text{12}") == "12"
+    assert notation("0.1\\overline{6}") == "\\frac{15}{90}" and notation("0.\\overline{3}") == "\\frac{3}{9}"
+    assert notation("\\begin{pmatrix} 1 \\\\ -2 \\end{pmatrix}") == "(1, -2)"
+    assert notation("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}") == "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}"
+    assert notation("\\left( 3, 4 \\right") == "\\left( 3, 4 \\right)" and notation("\\left[0, 1\\right]") == "\\left[0, 1\\right]"
+    assert verify.expand_pm("(\\pm 1, 0)") == "(+ 1, 0), (- 1, 0)"
+    assert verify.expand_pm("\\pm 1, \\pm 2") == "+ 1, + 2, - 1, + 2, + 1, - 2, - 1, - 2"  # every combination
+    assert verify.expand_pm("5") is None
+    assert verify.word_value("\\text{Five.}") == "5" and verify.word_value("\\text{none}") == "no solution"
+    assert verify.word_value("\\text{none}", "How many primes divide 1?") == "0"
+    assert verify.word_value("\\emptyset") == verify.word_value("\\text{No real solutions}") == "no solution"
+    assert verify.word_value("\\infty") == "infinitely many" and verify.word_value("x") is None
+    assert verify.asked_unit("A 2 m rod is cut into 4 pieces. How long is each, in centimeters?") == "cm"
+    assert verify.asked_unit("How many grams of salt are needed?") == "g" and verify.asked_unit("Find x.") is None
+    assert verify.wrong_unit("2.5 \\text{ mm}", "How long, in cm?") and not verify.wrong_unit("2.5 \\text{ cm}", "How long, in cm?")
+    assert not verify.wrong_unit("25 \\text{ centimeters}", "How long, in cm?")  # the same unit spelt out
+    assert not verify.wrong_unit("2.5 \\text{ mm}", "How long is it?")      # no unit asked: units ignored
+    assert not verify.wrong_unit("30 \\text{ km/h}", "Find its speed in km/h.")  # a compound unit is not read
+    assert verify.rounds_to_gold("1.414", "1.4", "What is the ratio?") and not verify.rounds_to_gold("1.46", "1.4", "")
+    assert not verify.rounds_to_gold("1.414", "1.4", "Give it to two significant figures.")  # precision fixed
+    assert not verify.rounds_to_gold("5.02", "5", "")   # an integer gold is exact
+    assert not verify.rounds_to_gold("1.4", "1.4", "")  # no more digits: compared as it is
+    assert verify.rounds_to_gold("2.748 \\times 10^{11}", "2.75e11", "") and verify.rounds_to_gold("274800000000", "2.75e11", "")
+    assert verify.rounds_to_gold("0.03336", "0.033", "") and not verify.rounds_to_gold("0.0336", "0.033", "")
+    assert verify.order_fixed("Find x and y, in that order.") and not verify.order_fixed("Find all x such that x^2 = 1.")
+    assert not verify.order_fixed("Find the number of ordered pairs (a, b).") and verify.order_fixed("Enter the ordered pair (a, b).")
+    text = "Solving, $(n, m) = \\boxed{(2, 5)}$."
+    assert verify.labelled_order(text, text.index("\\boxed"), "Find $m$ and $n$.") == [1, 0]
+    assert verify.hedged_after_box("\\boxed{12}. I am not sure; it could be 15.")
+    assert not verify.hedged_after_box("It might be 15. So \\boxed{12}.") and not verify.hedged_after_box("\\boxed{12}. Check: 3 + 9 = 12.")
+
+
+def test_every_e_notation_gold_of_minerva_is_matched_in_every_notation_and_missed_one_digit_off():
+    """Minerva's golds in e-notation (58 of 272), each answered as `a \times 10^{k}` and as a plain decimal
+    (scored 1), and one unit off in the gold's last shown digit in both forms (scored 0), with the
+    question, under both graders."""
+    from decimal import Decimal
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import benchmark
+
+    items = [i for i in benchmark.load_benchmark("minerva") if re.search(r"\d[eE][-+]?\d", i.gold)]
+    assert len(items) == 58
+    cases = []
+    for item in items:
+        mantissa, exponent = item.gold.lower().split("e")
+        off = str(Decimal(mantissa) + Decimal(1).scaleb(-len(mantissa.partition(".")[2])))  # 2.75 -> 2.76
+        for value, label in ((mantissa, 1), (off, 0)):
+            cases.append((item, f"So the answer is $\\boxed{{{value} \\times 10^{{{int(exponent)}}}}}$.", label))
+            plain = format(Decimal(value).scaleb(int(exponent)), "f")
+            cases.append((item, f"So the answer is $\\boxed{{{plain}}}$.", label))
+    for grader in ("math-verify", "official"):
+        scores = verify.score_batch([c[1] for c in cases], [c[0].gold for c in cases], ["math"] * len(cases),
+                                    questions=[c[0].question for c in cases], math_grader=grader, timeout=30.0)
+        wrong = [(c[0].gold, c[1], s.reason) for c, s in zip(cases, scores) if s.reward != c[2]]
+        assert not wrong, (grader, wrong[:5])
 
 
 def test_each_careful_grader_case_scores_as_labelled_by_the_official_grader_where_it_reads_a_box():
