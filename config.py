@@ -16,22 +16,21 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-from transformers import AutoTokenizer
+import verify  # light: the sandbox's stdlib only; torch, transformers and the models load when a run needs them
 
-import step_prm
-import toy_task
-import verify
+TEACHER_SFT_STEPS = 1500  # toy_task.TEACHER_SFT_STEPS (tests/test_config.py checks they agree)
 
 
 def default_precision() -> str:
     """--precision default: bf16 on a GPU (its bf16 matmuls run ~8x faster than fp32), fp32 on CPU (the
     embedded default stays the same numbers on every CPU, and most CPUs have no fast bf16)."""
+    import torch
     return "bf16" if torch.cuda.is_available() else "fp32"
 
 
 def default_rollout() -> str:
     """--rollout default: vLLM where it is installed and a GPU is present (much faster there), else HF."""
+    import torch
     return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
 
 
@@ -61,7 +60,7 @@ class Args:
     system_prompt: str = ""
     """optional system message for the chat template"""
     preset: str = ""
-    """named hyper-parameter sets: 'paper' (the paper's 7B run) or '1.5b' (fits plain DDP on 80 GB GPUs)"""
+    """named hyper-parameter sets, each with its paper run's length: 'paper' (the paper's 7B run: 592 steps, 256 prompts x 4, 1024/3072 tokens), '1.5b' (App. B.7's 1.5B run: 330 steps; fits plain DDP on 80 GB GPUs), '7b' (the paper's own model as two LoRA adapters on one frozen base: 592 steps); a flag given beside it wins"""
     # --- the RL loop
     steps: int = 70
     """RL iterations (the embedded default's 70: docs/REPRODUCTION.md, "The embedded default")"""
@@ -101,12 +100,12 @@ class Args:
     prm_groups: str = "kept"
     """which groups the implicit PRM learns from: 'kept' (every group the filter keeps, as the paper) or 'mixed' (only groups with both right and wrong responses, whose labels contrast); its rewards reach every kept group either way (see --process-groups)"""
     process_groups: str = "all"
-    """which kept groups receive process rewards: 'all' (the paper) or 'mixed' (only groups with both right and wrong responses; the others train on their outcome advantage alone, 0 under RLOO): where a process signal's harm enters (issue 29, E5)"""
+    """which kept groups receive process rewards: 'all' (the paper) or 'mixed' (only groups with both right and wrong responses; the others train on their outcome advantage alone, 0 under RLOO): where a process signal's harm enters (the credit study, docs/REPRODUCTION.md)"""
     prm_init: str = ""
     """the implicit PRM's starting weights: empty = the SFT checkpoint, as the reference (paper Sec. 3.3); 'teacher' = the embedded clean demonstrator (or --teacher's model); or a path. The reference stays the SFT model, so rewards start at log(pi_init / pi_sft), a prover other than the policy (the credit study's teacher-started PRM)"""
     teacher: str = ""
     """--process opd/gopd: a frozen causal LM on the policy's tokenizer; empty = the embedded toy teacher (a longer SFT)"""
-    teacher_sft_steps: int = toy_task.TEACHER_SFT_STEPS
+    teacher_sft_steps: int = TEACHER_SFT_STEPS
     """SFT steps of the embedded toy teacher (1500: shipped in checkpoints/; another count is trained into --cache-dir)"""
     gopd_lambda: float = 1.25
     """--process gopd: lambda of lambda (l_T - l_B) - (l_theta - l_B), base = the starting policy (PASS v1: 1.25)"""
@@ -134,6 +133,10 @@ class Args:
     """PPO clip range (Eq. 6)"""
     dual_clip: float = 0.0
     """dual-clip PPO's c > 1 for negative advantages (veRL: 3); 0 = off, as PRIME-RL and the paper"""
+    kl_coef: float = -1.0
+    """coefficient of the reference regulariser added to Eq. 6's loss (prime.kl_penalty); -1 = PASS's 1e-2 with --estimator pass, else 0 (PRIME's loop: no KL term)"""
+    kl_kind: str = ""
+    """the regulariser: 'k3' (veRL's low_var_kl on the sampled tokens) or 'abs' (PASS's QA runs: the masked absolute log-prob difference); '' = abs with --pass-preset qa under --estimator pass, else k3"""
     process_gamma: float = 1.0
     """discount of the process reward's return (official reward_model_gamma; paper: 1.0). --gamma G sets it and --outcome-gamma both"""
     outcome_gamma: float = 1.0
@@ -210,10 +213,18 @@ class Args:
     """SFT steps of the embedded model; 0 = the recipe's 3000, shipped in checkpoints/ for the README's and the study's settings (others are trained once into --cache-dir)"""
     cache_dir: str = ".cache"
     """where an embedded SFT checkpoint that is not shipped is trained and cached"""
+    tracker: str = "none"
+    """also log every metric to 'tensorboard' (run folder's tensorboard/) or 'wandb' (offline unless WANDB_MODE=online); pip install -r requirements-trackers.txt"""
     episodes_per_step: int = 2
     """sample episodes with per-token implicit rewards written to episodes.jsonl each iteration"""
     max_memory_gb: float = 0.0
     """GPU memory budget for the up-front estimate; 0 = the device's total"""
+
+    def __post_init__(self):
+        if self.kl_coef == -1.0:  # PASS keeps GRPO's reference regulariser (its App. G: 1e-2); PRIME's loop has none
+            self.kl_coef = 0.01 if self.estimator == "pass" else 0.0
+        if not self.kl_kind:  # PASS's QA runs: the masked absolute log-prob difference
+            self.kl_kind = "abs" if self.estimator == "pass" and self.pass_preset == "qa" else "k3"
 
 
 # The lengths of a run on a real model and data when neither a flag nor a preset sets them (the toy's 64 and 96
@@ -222,7 +233,9 @@ DATA_DEFAULTS = dict(max_prompt_len=1024, max_response_len=1024)
 
 PRESETS = {
     # The paper's run (official run_prime_main.sh): Eurus-2-7B-SFT, 256 prompts x 4, 1024/3072 tokens.
-    "paper": dict(prompts_per_step=256, n_samples=4, max_prompt_len=1024, max_response_len=3072,
+    # Its main run is 592 steps; a checkpoint every 40, the held-out accuracy every 80 (Table 1 reads 80, 160, 240, 320).
+    "paper": dict(steps=592, save_every=40, eval_every=80, prompts_per_step=256, n_samples=4, max_prompt_len=1024,
+                  max_response_len=3072,
                   policy_lr=5e-7, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=8,
                   max_tokens_per_micro_batch=0, gradient_checkpointing=True, temperature=1.0, top_p=1.0,
                   filter_mode="refill"),
@@ -232,7 +245,9 @@ PRESETS = {
     # (--offload-optimizer), the fp32 reference; one row per micro-batch with checkpointing in bf16; vLLM's
     # share, 0.2 of the GPU (16 GB), asleep during the updates; the CUDA context, NCCL and vLLM's graph pool:
     # 69.5 GB (untied DeepSeek-R1-Distill, 1.78B parameters), 61.8 GB (tied Qwen2.5, 1.54B), 10% margin included.
-    "1.5b": dict(prompts_per_step=256, n_samples=4, max_prompt_len=1024, max_response_len=3072,
+    # App. B.7 ran DeepScaleR's first stage for 330 steps; a checkpoint every 30, the held-out accuracy every 66.
+    "1.5b": dict(steps=330, save_every=30, eval_every=66, prompts_per_step=256, n_samples=4, max_prompt_len=1024,
+                 max_response_len=3072,
                  policy_lr=1e-6, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=1,
                  max_tokens_per_micro_batch=0, gradient_checkpointing=True, temperature=1.0, top_p=1.0,
                  filter_mode="refill", vllm_gpu_memory_utilization=0.2, vllm_sleep=True, offload_optimizer=True),
@@ -243,7 +258,9 @@ PRESETS = {
     # the updates (they need 8.1 GB). By models.memory_estimate_gb (tests/test_memory.py::
     # test_the_7b_preset_fits_80gb): 67.4 GB, the CUDA context, NCCL and vLLM's graph pool included.
     # The learning rates are the paper's x10 (LoRA Without Regret: LoRA's RL lr is about 10x full fine-tuning's).
-    "7b": dict(prompts_per_step=256, n_samples=4, max_prompt_len=1024, max_response_len=3072,
+    # The paper's main run, 592 steps, with the paper preset's cadences.
+    "7b": dict(steps=592, save_every=40, eval_every=80, prompts_per_step=256, n_samples=4, max_prompt_len=1024,
+               max_response_len=3072,
                policy_lr=5e-6, prm_lr=1e-5, beta=0.05, mini_batches=4, micro_batch_size=1,
                max_tokens_per_micro_batch=0, gradient_checkpointing=True, temperature=1.0, top_p=1.0,
                filter_mode="refill", vllm_gpu_memory_utilization=0.35, lora_rank=64,
@@ -257,7 +274,7 @@ CHOICES = dict(estimator=("rloo", "grpo", "reinforce", "prm-value", "pass", "ppo
                process_norm=("batch", "beta"), reference=("sft", "policy"), prm_update=("after", "before"),
                prm_loss=("ce", "dpo"), prm_groups=("kept", "mixed"), process_groups=("all", "mixed"), loss_mean=("global", "micro"),
                rollout=("hf", "vllm"), precision=("bf16", "fp32"), preset=("", "paper", "1.5b", "7b"), sandbox=("auto", "namespaces"),
-               filter_mode=("shrink", "refill"),
+               filter_mode=("shrink", "refill"), tracker=("none", "tensorboard", "wandb"), kl_kind=("k3", "abs"),
                rollout_correction=("none", "token-truncate", "token-mask", "token-band", "sequence-truncate",
                                    "sequence-mask", "sequence-band"))
 
@@ -273,11 +290,12 @@ def parse_args(argv=None, description: str = "") -> Args:
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Args):
         flag = "--" + f.name.replace("_", "-")
+        shown = f" (default: {f.default!r})" if f.default is not dataclasses.MISSING else ""  # a factory's: its docstring
         if f.type is bool or f.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=docs.get(f.name))
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=docs.get(f.name) + shown)
         else:
             kind = {"int": int, "float": float, "str": str}.get(str(f.type), f.type)
-            parser.add_argument(flag, type=kind, default=None, help=docs.get(f.name),
+            parser.add_argument(flag, type=kind, default=None, help=docs.get(f.name).replace("%", "%%") + shown,
                                 choices=CHOICES.get(f.name))
     parser.add_argument("--gamma", type=float, default=None,
                         help="shorthand for --process-gamma G --outcome-gamma G (either flag given beside it wins)")
@@ -331,9 +349,17 @@ DOMAINS = dict(
 def check_args(args: Args) -> None:
     """Every bad value and every combination that cannot work fails here, naming the flag, the value
     and what is allowed, before anything is loaded or written (raises ConfigError)."""
+    import runlog
+    import step_prm
+    import toy_task
+    from transformers import AutoTokenizer
     def bad(message):
         raise ConfigError(message)
 
+    if args.kl_coef < 0:
+        bad(f"--kl-coef {args.kl_coef}: must be >= 0 (or -1, the default: 1e-2 under --estimator pass, else 0)")
+    if args.tracker != "none" and (missing := runlog.tracker_missing(args.tracker)):
+        bad(missing)
     for name, (ok, allowed) in DOMAINS.items():
         value = getattr(args, name)
         if not (isinstance(value, (int, float)) and math.isfinite(value) and ok(value)):
@@ -344,8 +370,8 @@ def check_args(args: Args) -> None:
     if args.data and Path(args.data).suffix not in (".jsonl", ".parquet"):
         bad(f"--data {args.data}: expected a .jsonl or .parquet file")
     for flag, path in (("--model", args.model), ("--teacher", args.teacher)):
-        if path and not Path(path).exists() and "/" not in path:
-            bad(f"{flag} {path}: no such local path (and not a hub name like org/model)")
+        if path and not Path(path).exists() and ("/" not in path or path.startswith(("/", ".", "~"))):
+            bad(f"{flag} {path}: no such local path" + ("" if "/" in path else " (and not a hub name like org/model)"))
     if args.process == "step" and args.step_scorer not in (*step_prm.TOY_SCORERS, "chains") \
             and not Path(args.step_scorer).exists() and "/" not in args.step_scorer:
         bad(f"--step-scorer {args.step_scorer}: 'toy', 'toy-first', 'chains' or the path of a step PRM")

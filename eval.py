@@ -240,6 +240,9 @@ def start_accuracy(args, run_dir: Path, sampler, eval_tasks: list[Task], d: Dist
     if "start_accuracy" in saved:
         return {"greedy": saved["start_accuracy"], "sampled": saved["start_sampled_accuracy"]}, 0.0
     t = time.time()
+    if d.master:  # the first thing a run does after loading: say what it is waiting for
+        print(f"held-out evaluation of the starting checkpoint: {len(eval_tasks)} problems, greedy and "
+              f"{args.eval_samples} samples each ...", flush=True)
     start = heldout_metrics(sampler, eval_tasks, args, d)
     if d.master:
         write_json(run_dir / "summary.json", {"start_accuracy": start["greedy"],

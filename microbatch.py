@@ -32,20 +32,24 @@ from runlog import optimizer_state_to
 from rollout import Rollout, position_ids_from_mask
 
 
-def response_logprobs(model, ro: Rollout, temperature: float = 1.0) -> torch.Tensor:
-    """log pi(y_t | x, y_<t) for every response token, (B, R) float32, 0 on padding.
+def response_logprobs(model, ro: Rollout, temperature: float = 1.0, entropy: bool = False):
+    """log pi(y_t | x, y_<t) for every response token, (B, R) float32, 0 on padding; with entropy=True
+    also the entropy of the sampling distribution at each response position (B, R), no gradient.
 
     Each row's prompt and response go in as one sequence (forward_sequences); only the last
     positions, where the responses are, go through the LM head (`logits_to_keep`), and
-    prime.token_logprobs never builds a full float32 log-softmax.
+    prime.token_logprobs and prime.token_entropy never build a full float32 log-softmax.
     """
     t = ro.trimmed()
-    R = t.response_ids.shape[1]
+    R, width = t.response_ids.shape[1], ro.response_ids.shape[1]
     out, input_ids = forward_sequences(model, t, logits_to_keep=R + 1)
     # (B, R + 1, V): position t predicts the row's last R tokens' t-th; the last position (what follows
     # the row) is read by no one, and token_logprobs skips it without copying the logits
-    logp = prime.token_logprobs(out.logits, input_ids[:, -R:], temperature)
-    return widen(to_response_columns(logp, t.response_mask), ro.response_ids.shape[1])
+    logp = widen(to_response_columns(prime.token_logprobs(out.logits, input_ids[:, -R:], temperature), t.response_mask),
+                 width)
+    if not entropy:
+        return logp
+    return logp, widen(to_response_columns(prime.token_entropy(out.logits[:, :R], temperature), t.response_mask), width)
 
 
 def forward_sequences(model, ro: Rollout, **kwargs):
@@ -229,10 +233,11 @@ def autocast(args: Args):
 
 
 def run_update(model, optimizer, loss_fn, count, plan: list[list[MicroBatch]], args: Args, d: Dist,
-               grad_clip: float) -> list[float]:
+               grad_clip: float, grad_norms: list | None = None) -> list[float]:
     """One optimizer step per entry of `plan` (plan_update); loss_fn(micro-batch) -> its loss, a mean
     over `count(micro-batch)` units (tokens for the token-mean losses, responses for the PRM's).
-    Returns each step's loss, the same on every rank.
+    Returns each step's loss, the same on every rank; each step's gradient norm before clipping (the
+    same on every rank: DDP's gradients are all-reduced) is appended to `grad_norms`.
 
     --loss-mean global (default): each step minimises the mean over ALL its units, on every rank and
     in every micro-batch, as Eq. 6's token mean over the mini-batch reads: micro-batch i's mean is
@@ -267,9 +272,22 @@ def run_update(model, optimizer, loss_fn, count, plan: list[list[MicroBatch]], a
                     share = mb.weight / max(n_real, 1) / d.world  # of the mean over ranks of micro-means
                 (loss * share * d.world).backward()  # x world: DDP divides the summed gradients by it
             logged += loss.item() * share
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        if grad_norms is not None:
+            grad_norms.append(float(norm))
         optimizer.step()
         losses.append(logged)
     if args.offload_optimizer:
         optimizer_state_to(optimizer, "cpu")
     return all_reduce(losses, d)  # the global mean (global), the mean over ranks of micro-means (micro)
+
+
+def needs_old_logprobs(args: Args, models, rollout: Rollout) -> bool:
+    """Whether pi_old's log-probs need a forward pass of their own before the updates. With one
+    optimizer step per batch (--mini-batches 1) the policy that takes the step IS the old policy: the
+    update's own forward gives pi_old's log-probs (rho_t = 1 exactly in Eq. 6, the first PPO epoch).
+    The pass is needed with several mini-batches (from the second on, the model is no longer pi_old),
+    where pi_old is the PRM's reference (--reference policy at T = 1) or OPD's student, and where
+    another engine sampled (vLLM: the rollout correction compares the two engines' log-probs)."""
+    return (args.mini_batches > 1 or rollout.sampler_logprobs is not None or (args.temperature == 1.0 and (
+        args.process in ("opd", "gopd") or (args.process == "implicit" and models.reference is None))))

@@ -54,7 +54,7 @@ def build_models(args: Args, d: Dist) -> Models:
     if args.estimator == "ppo":  # PPO's critic: the SFT backbone with a fresh scalar head
         m.critic = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
         m.critic.to(d.device).train()
-    if (args.process == "implicit" and args.reference == "sft") or args.process == "gopd":
+    if (args.process == "implicit" and args.reference == "sft") or args.process == "gopd" or args.kl_coef:
         m.reference = Adapter(shared, None) if shared is not None else load_frozen(path, d)
     if args.process in ("opd", "gopd"):
         # the embedded teacher: a longer SFT on a clean demonstrator (it never slips)

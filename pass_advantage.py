@@ -1,7 +1,9 @@
 """PASS (Process Advantage Signal Shaping, arXiv 2606.29296) advantage construction, as pure functions.
 
 PASS does not change GRPO's rollout, loss or reference regulariser: it only replaces the advantage
-fed to the clipped surrogate (clip 0.2; `prime.ppo_clip_loss`). The paper's text lost several
+fed to the clipped surrogate (clip 0.2; `prime.ppo_clip_loss`). train.py keeps the regulariser as
+the paper's App. G runs it: --kl-coef 1e-2 under --estimator pass (prime.kl_penalty: k3 against the
+frozen SFT model; with --pass-preset qa, the masked absolute log-prob difference). The paper's text lost several
 equations in conversion; docs/pass.md reconstructs them in this project's words, and every part of
 this file that rests on that reconstruction or on one of its assumptions says so with "[A]"
 (assumption) or "[R]" (reconstructed from the surviving text and tables). "The paper" = the version

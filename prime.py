@@ -505,6 +505,68 @@ def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.
     return masked_mean(loss, mask)
 
 
+def kl_penalty(logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """The reference regulariser GRPO adds to Eq. 6's loss (PASS App. G: coefficient 1e-2), a token mean
+    over the sampled tokens y_t of the policy pi and the frozen reference pi_ref:
+
+        k3   (veRL's "low_var_kl", Schulman's k3):  kl_t = r_t - log r_t - 1,  r_t = pi_ref(y_t) / pi(y_t),
+             clamped to [-10, 10] as veRL does; an unbiased, always >= 0 estimate of KL(pi || pi_ref)
+        abs  (PASS's QA runs: "the masked absolute sampled log-probability difference"):
+             kl_t = |log pi(y_t) - log pi_ref(y_t)|
+    Shapes: (B, T) each -> scalar. The gradient flows through logp only (pi_ref is frozen):
+    d k3_t / d log pi(y_t) = 1 - r_t, so the term pulls log pi(y_t) towards log pi_ref(y_t).
+        kl_penalty(log 0.5, log 0.25, 1, "k3") -> 0.5 - log 0.5 - 1 = 0.1931...
+    """
+    if kind == "k3":
+        log_ratio = logp_ref.detach() - logp
+        kl = (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
+    elif kind == "abs":
+        kl = (logp - logp_ref.detach()).abs()
+    else:
+        raise ValueError(f"kind must be 'k3' or 'abs', got {kind!r}")
+    return masked_mean(kl, mask)
+
+
+def policy_health_sums(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                       clip_eps: float = 0.2) -> dict[str, float]:
+    """What RL users watch to see Eq. 6's update go wrong, as sums over valid tokens (to add up over
+    micro-batches and ranks, then divide by "tokens"), no gradient:
+        clip_high   tokens whose ratio rho_t = pi/pi_old passed 1 + eps with A_t > 0: the clip binds there
+                    (veRL's actor/pg_clipfrac counts both sides together)
+        clip_low    tokens whose ratio fell below 1 - eps with A_t < 0
+        kl_k3       the k3 estimate of KL(pi_old || pi) per token: rho_t - 1 - log rho_t (>= 0; its mean is
+                    veRL's actor/ppo_kl up to the estimator, CleanRL's losses/approx_kl)
+    Shapes: (B, T) each. With rho_t = 1 (the first step of a batch) every sum but "tokens" is 0.
+        rho = (1.5, 0.5, 1.0), A = (1, -1, 1), eps 0.2 -> clip_high 1, clip_low 1,
+        kl_k3 = (0.5 - log 1.5) + (-0.5 - log 0.5) + 0 = 0.0945 + 0.1931 = 0.2877"""
+    with torch.no_grad():
+        m = mask.bool()
+        log_ratio = torch.where(m, logp - logp_old, torch.zeros_like(logp))
+        ratio = torch.exp(log_ratio)
+        high = (ratio > 1.0 + clip_eps) & (advantages > 0) & m
+        low = (ratio < 1.0 - clip_eps) & (advantages < 0) & m
+        k3 = torch.where(m, ratio - 1.0 - log_ratio, torch.zeros_like(ratio))
+        return {"clip_high": float(high.sum()), "clip_low": float(low.sum()), "kl_k3": float(k3.sum()),
+                "tokens": float(m.sum())}
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_elements: int = 2**24) -> torch.Tensor:
+    """Entropy of the sampling distribution at each position, H_t = -sum_v p_v log p_v with p =
+    softmax(logits_t / temperature), computed as logsumexp(z) - sum_v p_v z_v a chunk of positions at a
+    time, so no (B, T, V) float32 tensor is made (as token_logprobs). No gradient. Shapes: (B, T, V) ->
+    (B, T) float32. Uniform logits over V give log V; one-hot-like logits give ~0."""
+    B, T, V = logits.shape
+    out = torch.empty(B, T, dtype=torch.float32, device=logits.device)
+    chunk = max(1, chunk_elements // V)
+    with torch.no_grad():
+        for b in range(B):
+            for start in range(0, T, chunk):
+                z = logits[b, start:start + chunk].float() / temperature  # (chunk, V)
+                lse = torch.logsumexp(z, dim=-1, keepdim=True)
+                out[b, start:start + chunk] = (lse - (torch.softmax(z, dim=-1) * z).sum(-1, keepdim=True)).squeeze(-1)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------
 # Rollout correction: the sampler is not the trainer
 # ---------------------------------------------------------------------------------------------------

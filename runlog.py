@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 import prime
-from ddp import Dist, barrier, check_shared_storage, unwrap
+from ddp import Dist, all_reduce, all_reduce_max, barrier, check_shared_storage, unwrap
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -127,6 +127,8 @@ def make_run_dir(args, d: Dist) -> Path:
         if run_dir.exists() and not args.resume and (run_dir / "metrics.jsonl").exists():
             raise SystemExit(f"{run_dir} already holds a run: pass --resume to continue it or choose another --run-name")
         run_dir.mkdir(parents=True, exist_ok=True)
+        print(f"run folder: {run_dir} ({'resumed' if args.resume else 'new'}; --resume --run-name "
+              f"{run_dir.name} continues it)", flush=True)
     barrier(d)
     check_shared_storage(run_dir, "--out-dir", d)
     if not args.model:  # rank 0 builds the embedded SFT checkpoint there; every rank loads it
@@ -161,6 +163,21 @@ def merge_counts(*parts: dict) -> dict:
         assert not shared, f"two counts of a step share the names {sorted(shared)}"
         merged.update(part)
     return merged
+
+
+def pairwise_accuracy_sum(sequence_score, outcome, n_train: int, args) -> list[float]:
+    """[the PRM's pairwise accuracy summed over the mixed groups among the first n_train rows, their
+    number], to be all-reduced over ranks. Only mixed groups count: a group whose labels are all equal
+    scores 0.5 in prime.prm_pairwise_accuracy whatever the PRM does, so with the filter off (many
+    all-wrong groups) a mean over every group would sit near 0.5 and hide what the PRM learned."""
+    if args.process == "none" or n_train == 0:
+        return [0.0, 0]
+    mixed = prime.mixed_groups(outcome[:n_train], args.n_samples)
+    if not mixed.any():
+        return [0.0, 0]
+    rows = mixed.repeat_interleave(args.n_samples)
+    acc = prime.prm_pairwise_accuracy(sequence_score[:n_train][rows], outcome[:n_train][rows], args.n_samples)
+    return [acc.item() * int(mixed.sum()), int(mixed.sum())]
 
 
 def step_metrics(args, step: int, sums: dict, kept_per_rank: list, losses: dict) -> dict:
@@ -199,6 +216,132 @@ def step_metrics(args, step: int, sums: dict, kept_per_rank: list, losses: dict)
             kind = key.removeprefix("responses_")
             metrics[f"reward_{kind}"] = sums[f"reward_{kind}"] / sums[key] if sums[key] else None
     return metrics
+
+
+def step_record(args, step: int, batch, sampled: tuple, kept: tuple, credit: tuple, diagnostics: tuple,
+                losses: dict, optimizers: dict, d: Dist) -> dict:
+    """train.py's line of metrics.jsonl for one iteration, every count summed over ranks: the sampled
+    responses' rewards and counts (step_counts), the filter's, the PRM's pairwise accuracy (Fig. 5), the
+    checker's diagnostics, the rollout correction's mismatch, then the update's health (health_metrics).
+    sampled = (tasks, rollout, scores, outcome, kinds), kept = (kept groups, refill draws, mismatch),
+    credit = (signal, sequence score, process reward, advantages, PPO's (returns, old values))."""
+    tasks, rollout, scores, outcome, kinds = sampled
+    n_kept_groups, draws, mismatch = kept
+    signal, sequence_score, process_reward, adv, ppo_targets = credit
+    localized, n_wrong, right_slipped, n_right = diagnostics
+    prm_accuracy, prm_groups = pairwise_accuracy_sum(sequence_score, batch.outcome, batch.n_train, args)
+    sums = all_reduce(merge_counts(
+        step_counts(args, tasks, rollout, scores, outcome, kinds),
+        {"kept_groups": n_kept_groups, "refill_draws": draws, "prm_accuracy": prm_accuracy, "prm_groups": prm_groups,
+         "localized": localized, "wrong": n_wrong, "right_slipped": right_slipped, "right": n_right,
+         "process_abs": (process_reward.abs() * batch.train_mask).sum().item(),
+         "process_tokens": batch.train_mask.sum().item()},
+        {k: v for k, v in mismatch.items() if k != "rho_max"}), d)
+    if mismatch:
+        sums["rho_max"] = all_reduce_max([mismatch["rho_max"]], d)[0]
+    kept_per_rank = all_reduce([n_kept_groups if r == d.rank else 0 for r in range(d.world)], d)
+    # a response's return: PPO's GAE targets, else its total reward r_o + sum_t r_t (what RLOO and GRPO compare)
+    returns = ppo_targets[0] if ppo_targets[0] is not None else \
+        (batch.outcome[:, None] + process_reward.sum(-1, keepdim=True)).expand_as(batch.train_mask)
+    return {**step_metrics(args, step, sums, kept_per_rank, losses),
+            **health_metrics(rollout, batch.train_mask, adv, returns, batch.health, optimizers, d)}
+
+
+def masked_stats(x: torch.Tensor, mask: torch.Tensor, d: Dist) -> dict:
+    """mean, std (population), min and max of x over the positions where mask is 1, on every rank
+    together; all 0 when there is none."""
+    m = mask.bool()
+    values = x[m].double()
+    n, total, squares = all_reduce([float(values.numel()), float(values.sum()), float((values ** 2).sum())], d)
+    if not n:
+        return dict.fromkeys(("mean", "std", "min", "max"), 0.0)
+    high, neg_low = all_reduce_max([float(values.max()) if values.numel() else -math.inf,
+                                    float(-values.min()) if values.numel() else -math.inf], d)
+    mean = total / n
+    return {"mean": mean, "std": math.sqrt(max(squares / n - mean * mean, 0.0)), "min": -neg_low, "max": high}
+
+
+def health_metrics(rollout, train_mask: torch.Tensor, adv: torch.Tensor, returns: torch.Tensor, health: dict,
+                   optimizers: dict, d: Dist) -> dict:
+    """What an RL user watches to see a run go wrong, named as veRL names it (docs/runs.md maps them),
+    over the whole batch (1 rank = 2 ranks):
+        actor/pg_clipfrac (_high, _low)   tokens where Eq. 6's clip binds, each side and together
+        actor/ppo_kl                      KL(pi_old || pi) per token, the k3 estimator
+        actor/entropy                     entropy of the sampling distribution, mean over response tokens
+        actor/kl_loss                     the reference regulariser (--kl-coef's term, before the coefficient)
+        actor/grad_norm, prm/grad_norm    gradient norm before clipping, mean over the iteration's steps
+        actor/lr, prm/lr                  the optimizers' current learning rates
+        critic/advantages/{mean,std,min,max}, critic/returns/{...}   over the training tokens
+        response_length/{mean,max,clip_ratio}   of every sampled response; clip_ratio = cut at the cap
+    Metrics of an update that did not run (the PRM's without --process implicit, the policy's while PPO's
+    critic warms up) are None."""
+    lengths = rollout.response_mask.sum(-1).float()
+    n, total, cut = all_reduce([float(len(lengths)), float(lengths.sum()), float(rollout.truncated.sum())], d)
+    sums = all_reduce([health.get(k, 0.0) for k in ("clip_high", "clip_low", "kl_k3", "entropy", "kl_ref", "tokens")], d)
+    clip_high, clip_low, kl_k3, entropy, kl_ref, tokens = sums
+    per_token = (lambda x: x / tokens) if tokens else (lambda x: None)  # noqa: E731
+    out = {"actor/pg_clipfrac": per_token(clip_high + clip_low), "actor/pg_clipfrac_high": per_token(clip_high),
+           "actor/pg_clipfrac_low": per_token(clip_low), "actor/ppo_kl": per_token(kl_k3),
+           "actor/entropy": per_token(entropy), "actor/kl_loss": per_token(kl_ref) if "kl_ref" in health else None}
+    for name in ("actor", "prm"):  # DDP: every rank has the same norms
+        norms = health.get(f"{'policy' if name == 'actor' else 'prm'}_grad_norms") or []
+        out[f"{name}/grad_norm"] = float(np.mean(norms)) if norms else None
+        out[f"{name}/lr"] = optimizers[name].param_groups[0]["lr"] if optimizers.get(name) is not None else None
+    for key, value in masked_stats(adv, train_mask, d).items():
+        out[f"critic/advantages/{key}"] = value
+    for key, value in masked_stats(returns, train_mask, d).items():
+        out[f"critic/returns/{key}"] = value
+    out["response_length/mean"] = total / max(n, 1)
+    out["response_length/max"] = all_reduce_max([float(lengths.max()) if len(lengths) else 0.0], d)[0]
+    out["response_length/clip_ratio"] = cut / max(n, 1)
+    return out
+
+
+TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb"}  # --tracker -> the package it needs
+
+
+def tracker_missing(kind: str) -> str:
+    """Why --tracker KIND cannot run here ("" if it can): its package, and the command that installs it."""
+    import importlib.util
+
+    package = TRACKERS.get(kind)
+    if package and importlib.util.find_spec(package) is None:
+        return f"--tracker {kind}: the package {package!r} is not installed (pip install -r requirements-trackers.txt)"
+    return ""
+
+
+class Tracker:
+    """--tracker: every number of a metrics.jsonl line also to TensorBoard (run_dir/tensorboard/) or to
+    Weights & Biases (offline by default: run_dir/wandb/, no account; WANDB_MODE=online to sync), by
+    rank 0 only; the step's time split as time/<phase>. --tracker none (the default): nothing."""
+
+    def __init__(self, kind: str, run_dir: Path, config: dict, master: bool):
+        self.kind, self.writer = kind if master else "none", None
+        if self.kind == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+        elif self.kind == "wandb":
+            import wandb
+            self.writer = wandb.init(project=os.environ.get("WANDB_PROJECT", "prime"), name=Path(run_dir).name,
+                                     dir=str(run_dir), config=config, mode=os.environ.get("WANDB_MODE", "offline"),
+                                     id=Path(run_dir).name.replace("/", "-"), resume="allow")
+
+    def log(self, metrics: dict, step: int) -> None:
+        numbers = {k: float(v) for k, v in metrics.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        numbers.update({f"time/{k}": float(v) for k, v in metrics.get("time", {}).items()})
+        if self.kind == "tensorboard":
+            for key, value in numbers.items():
+                self.writer.add_scalar(key, value, step)
+            self.writer.flush()
+        elif self.kind == "wandb":
+            self.writer.log(numbers, step=step)
+
+    def close(self) -> None:
+        if self.kind == "tensorboard":
+            self.writer.close()
+        elif self.kind == "wandb":
+            self.writer.finish()
 
 
 def run_label(args) -> str:

@@ -26,7 +26,7 @@ Simplifications relative to the paper's setup (each one a choice a reader should
        sampled prompts; --filter-mode refill (the presets) samples more until the batch is full, as
        the official code. Ranks keep different numbers of groups; the shorter ranks run zero-weight
        micro-batches so DDP's collectives line up.
-    3. One PPO epoch, no KL term, no entropy bonus (as the paper's run).
+    3. One PPO epoch, no entropy bonus and no KL term (as the paper's run; --kl-coef adds PASS's).
     4. Generation: `--rollout vllm` (the default where vLLM and a GPU are present) runs a vLLM engine
        inside each rank, fed the policy's weights after every update; `--rollout hf` samples with HF
        `generate` on the policy itself. The held-out evaluation samples with the same sampler.
@@ -35,6 +35,9 @@ Simplifications relative to the paper's setup (each one a choice a reader should
        micro-batch means (--loss-mean micro, what the paper's runs did).
 """
 
+import sys
+if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):  # --help answers before torch and the models load
+    __import__("config").parse_args(sys.argv[1:], __doc__)
 import dataclasses
 import gc
 import os
@@ -58,9 +61,9 @@ import toy_task
 import verify
 from config import Args, parse_args
 from data import Task, load_tasks
-from ddp import Dist, all_reduce, all_reduce_max, barrier, close, print0, setup_distributed, unwrap
-from microbatch import (MicroBatch, critic_values, logprobs_no_grad, plan_update, response_logprobs, run_update,
-                        values_no_grad)
+from ddp import Dist, all_reduce, barrier, close, print0, setup_distributed, unwrap
+from microbatch import (MicroBatch, critic_values, logprobs_no_grad, needs_old_logprobs, plan_update, response_logprobs,
+                        run_update, values_no_grad)
 from models import Models, build_models, make_sampler, measured_memory, memory_line
 from rollout import Rollout, concat_rollouts
 from runlog import timed
@@ -163,6 +166,7 @@ class Batch:
     n_prm: int                 # rows the implicit PRM learns from (the first n_prm)
     plan: list = None          # the policy update's micro-batches (microbatch.plan_update; with_plans)
     prm_plan: list = None      # the PRM update's: its rows; DPO's groups stay whole
+    health: dict = dataclasses.field(default_factory=dict)  # what the updates saw: sums, gradient norms
 
     @property
     def train_mask(self) -> torch.Tensor:
@@ -224,7 +228,8 @@ def implicit_prm_step(prm, prm_opt, batch: Batch, logp_ref, args: Args, dist: Di
         return prime.prm_dpo_loss(logp_prm, mb.rows_of(logp_ref), mb.rows_of(mask), batch.outcome[mb.rows], args.beta,
                                   args.n_samples)
 
-    losses = run_update(prm, prm_opt, prm_loss_fn, lambda mb: len(mb.rows), batch.prm_plan, args, dist, args.prm_grad_clip)
+    losses = run_update(prm, prm_opt, prm_loss_fn, lambda mb: len(mb.rows), batch.prm_plan, args, dist, args.prm_grad_clip,
+                        batch.health.setdefault("prm_grad_norms", []))
     if args.prm_update == "before":  # double forward: rewards from the updated PRM
         logp_prm_store = logprobs_no_grad(unwrap(prm), batch.rollout, args)
     return prime.implicit_process_reward(logp_prm_store, logp_ref, mask, RAW), losses
@@ -304,21 +309,6 @@ def process_rewards(args: Args, signal, step_ids, mask, outcome, dist: Dist):
     return signal if args.process == "step" else args.beta * signal
 
 
-def pairwise_accuracy_sum(sequence_score, outcome, n_train: int, args: Args) -> list[float]:
-    """[the PRM's pairwise accuracy summed over the mixed groups among the first n_train rows, their
-    number], to be all-reduced over ranks. Only mixed groups count: a group whose labels are all equal
-    scores 0.5 in prime.prm_pairwise_accuracy whatever the PRM does, so with the filter off (many
-    all-wrong groups) a mean over every group would sit near 0.5 and hide what the PRM learned."""
-    if args.process == "none" or n_train == 0:
-        return [0.0, 0]
-    mixed = prime.mixed_groups(outcome[:n_train], args.n_samples)
-    if not mixed.any():
-        return [0.0, 0]
-    rows = mixed.repeat_interleave(args.n_samples)
-    acc = prime.prm_pairwise_accuracy(sequence_score[:n_train][rows], outcome[:n_train][rows], args.n_samples)
-    return [acc.item() * int(mixed.sum()), int(mixed.sum())]
-
-
 def warmup_prm(args: Args, models: Models, sampler, train_tasks, dist: Dist) -> list[float]:
     """--prm-warmup-steps: train the implicit PRM on the STARTING policy's rollouts before RL.
 
@@ -337,7 +327,7 @@ def warmup_prm(args: Args, models: Models, sampler, train_tasks, dist: Dist) -> 
         logp_ref = logprobs_no_grad(reference, batch.rollout, args, plan=batch.prm_plan)
         log_ratio, _ = implicit_prm_step(models.prm, models.prm_opt, batch, logp_ref, args, dist)
         sampler.push_weights(unwrap(models.policy))  # the same policy: only wakes the engine
-        accuracies.append(all_reduce(pairwise_accuracy_sum(log_ratio.sum(-1), batch.outcome, batch.n_train, args), dist))
+        accuracies.append(all_reduce(runlog.pairwise_accuracy_sum(log_ratio.sum(-1), batch.outcome, batch.n_train, args), dist))
     return [a / n if n else float("nan") for a, n in accuracies]  # NaN: a batch without a mixed group
 
 
@@ -387,15 +377,13 @@ def advantages(args: Args, models: Models, batch: Batch, process_reward, signal,
     return adv, returns, old_values
 
 
-def needs_old_logprobs(args: Args, models: Models, rollout: Rollout) -> bool:
-    """Whether pi_old's log-probs need a forward pass of their own before the updates. With one
-    optimizer step per batch (--mini-batches 1) the policy that takes the step IS the old policy: the
-    update's own forward gives pi_old's log-probs (rho_t = 1 exactly in Eq. 6, the first PPO epoch).
-    The pass is needed with several mini-batches (from the second on, the model is no longer pi_old),
-    where pi_old is the PRM's reference (--reference policy at T = 1) or OPD's student, and where
-    another engine sampled (vLLM: the rollout correction compares the two engines' log-probs)."""
-    return (args.mini_batches > 1 or rollout.sampler_logprobs is not None or (args.temperature == 1.0 and (
-        args.process in ("opd", "gopd") or (args.process == "implicit" and models.reference is None))))
+def kl_reference(args: Args, models: Models, batch: Batch, logp_ref):
+    """--kl-coef: the frozen reference's log-probs at the sampling temperature (None without it; Eq. 3's at T = 1)."""
+    if not args.kl_coef:
+        return None
+    if args.temperature == 1.0 and models.reference is not None and args.process in ("implicit", "gopd"):
+        return logp_ref
+    return logprobs_no_grad(models.reference, batch.rollout, args, args.temperature, batch.plan)
 
 
 def rollout_correction(args: Args, batch: Batch, logp_old):
@@ -414,22 +402,35 @@ def rollout_correction(args: Args, batch: Batch, logp_old):
     return prime.rollout_is_weights(logp_old, logp_rollout, batch.mask, level, mode, args.rollout_correction_cap), seen
 
 
-def update_policy(args: Args, models: Models, batch: Batch, logp_old, adv, is_weights, dist: Dist) -> list[float]:
+def update_policy(args: Args, models: Models, batch: Batch, logp_old, adv, is_weights, dist: Dist,
+                  logp_ref_kl=None) -> list[float]:
     """Step 6, Eq. 6: one PPO-clip step of the policy per mini-batch (token mean), each token's loss
     weighted by the rollout correction's `is_weights` (None: 1; a "band" mode also takes its masked
-    tokens out of the mean). Each step's loss, the same on every rank."""
+    tokens out of the mean), plus --kl-coef times the reference regulariser (prime.kl_penalty: GRPO's,
+    as PASS runs it). Each step's loss, the same on every rank; what the update saw (clip fractions,
+    KL to pi_old, entropy, gradient norms) goes to batch.health."""
     mask = prime.band_mask(is_weights, batch.mask) if args.rollout_correction.endswith("band") and is_weights is not None \
         else batch.mask
+    health = batch.health
 
     def policy_loss_fn(mb: MicroBatch):
-        logp = response_logprobs(models.policy, mb.rollout(batch.rollout), args.temperature)
+        logp, entropy = response_logprobs(models.policy, mb.rollout(batch.rollout), args.temperature, entropy=True)
         old = mb.rows_of(logp_old) if logp_old is not None else logp.detach()  # see needs_old_logprobs
-        return prime.ppo_clip_loss(logp, old, mb.rows_of(adv), mb.rows_of(mask), args.clip_eps, args.dual_clip or None,
+        loss = prime.ppo_clip_loss(logp, old, mb.rows_of(adv), mb.rows_of(mask), args.clip_eps, args.dual_clip or None,
                                    mb.rows_of(is_weights) if is_weights is not None else None)
+        kl = prime.kl_penalty(logp, mb.rows_of(logp_ref_kl), mb.rows_of(mask), args.kl_kind) if args.kl_coef else 0.0
+        if mb.weight:  # a real micro-batch (not a zero-weight repeat): what the update saw, as sums
+            stats = prime.policy_health_sums(logp, old, mb.rows_of(adv), mb.rows_of(mask), args.clip_eps)
+            stats["entropy"] = float((entropy * mb.rows_of(mask)).sum())
+            if args.kl_coef:
+                stats["kl_ref"] = float(kl.detach()) * stats["tokens"]
+            for key, value in stats.items():
+                health[key] = health.get(key, 0.0) + value
+        return loss + args.kl_coef * kl
 
     n_tokens = lambda mb: float(mb.rows_of(mask).sum())  # noqa: E731 (a token mean)
     return run_update(models.policy, models.policy_opt, policy_loss_fn, n_tokens, batch.plan, args, dist,
-                      args.policy_grad_clip)
+                      args.policy_grad_clip, health.setdefault("policy_grad_norms", []))
 
 
 def update_critic(args: Args, models: Models, batch: Batch, ppo_targets, dist: Dist) -> list[float]:
@@ -479,6 +480,7 @@ def main(argv=None):
     if dist.master:
         runlog.write_json(run_dir / "config.json", {**dataclasses.asdict(args), "model_path": models.path,
                                                     "world_size": dist.world})
+    tracker = runlog.Tracker(args.tracker, run_dir, dataclasses.asdict(args), dist.master)
     start, eval_seconds = evaluation.start_accuracy(args, run_dir, sampler, eval_tasks, dist)
     print0(dist, f"held-out accuracy of the starting checkpoint: greedy {start['greedy']:.3f}, sampled "
               f"{start['sampled']:.3f} ({len(eval_tasks)} problems x {args.eval_samples} at T={args.temperature})")
@@ -527,33 +529,16 @@ def main(argv=None):
         # 6. PPO clip update of the policy, Eq. 6 (line 10), and the sampler's weights (line 11) ----
         with timed(times, "policy"):  # (PPO: the policy stays frozen while the critic warms up)
             is_weights, mismatch = rollout_correction(args, batch, logp_old)  # vLLM sampled: pi_old / pi_vllm per token
-            policy_losses = update_policy(args, models, batch, logp_old, adv, is_weights, dist) \
+            policy_losses = update_policy(args, models, batch, logp_old, adv, is_weights, dist,
+                                          kl_reference(args, models, batch, logp_ref)) \
                 if step >= args.critic_warmup_steps else []
             value_losses = update_critic(args, models, batch, ppo_targets, dist) if models.critic is not None else []
             sampler.push_weights(unwrap(models.policy))  # (wakes a sleeping engine)
 
-        # Diagnostics, not steps of the algorithm: where an exact checker knows the steps (the embedded
-        # task, data.py's chains and sums), does the process signal blame the first wrong one, and how
-        # many right answers went through a wrong step (the training rows only)
-        checked_steps, first_wrong = step_prm.checker_steps(tokenizer, batch.questions, batch.texts, batch.rollout,
-                                                             embedded=not args.data)
-        localized, n_wrong, right_slipped, n_right = step_prm.checker_diagnostics(
-            None if args.process == "none" else signal, checked_steps, first_wrong, batch.outcome, batch.n_train)
-
-        # 7. Log and checkpoint -----------------------------------------------------------------------
-        prm_accuracy, prm_groups = pairwise_accuracy_sum(sequence_score, batch.outcome, batch.n_train, args)
-        sums = all_reduce(runlog.merge_counts(
-            runlog.step_counts(args, tasks, rollout, scores, outcome, kinds),
-            {"kept_groups": n_kept_groups, "refill_draws": draws, "prm_accuracy": prm_accuracy, "prm_groups": prm_groups,
-             "localized": localized, "wrong": n_wrong, "right_slipped": right_slipped, "right": n_right,
-             "process_abs": (process_reward.abs() * batch.train_mask).sum().item(),
-             "process_tokens": batch.train_mask.sum().item()},
-            {k: v for k, v in mismatch.items() if k != "rho_max"}), dist)
-        if mismatch:
-            sums["rho_max"] = all_reduce_max([mismatch["rho_max"]], dist)[0]
-        kept_per_rank = all_reduce([n_kept_groups if r == dist.rank else 0 for r in range(dist.world)], dist)
-        metrics = runlog.step_metrics(args, step, sums, kept_per_rank,
-                               {"prm": prm_losses, "policy": policy_losses, "value": value_losses})
+        # 7. Log and checkpoint: every metric of the step, over the whole batch (gather_metrics) ---------
+        metrics = gather_metrics(args, step, models, tokenizer, batch, (tasks, rollout, scores, outcome, kinds),
+                                 (n_kept_groups, draws, mismatch), (signal, sequence_score, process_reward, adv, ppo_targets),
+                                 {"prm": prm_losses, "policy": policy_losses, "value": value_losses}, dist)
         with timed(times, "eval"):
             if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
                 held = evaluation.heldout_metrics(sampler, eval_tasks, args, dist)
@@ -564,9 +549,11 @@ def main(argv=None):
             runlog.append_jsonl(run_dir / "metrics.jsonl", {**metrics, "time": times})
             r_phi = args.beta * signal if args.process == "implicit" else signal  # Eq. 3's reward per token
             runlog.write_episodes(run_dir, step + 1, batch.rollout, texts, batch.rows, batch.n_train, batch.outcome,
-                                  process_reward, r_phi, checked_steps, first_wrong, tokenizer, args.episodes_per_step)
+                                  process_reward, r_phi, *batch.health["checked"], tokenizer, args.episodes_per_step)
+            tracker.log({**metrics, "time": times}, step + 1)
             bar.set_postfix(reward=f"{metrics['reward']:.3f}", prm_acc=runlog.fmt(metrics["prm_accuracy"]),
-                            kept=f"{metrics['kept_groups']}/{metrics['prompts']}")
+                            kept=f"{metrics['kept_groups']}/{metrics['prompts']}", kl=runlog.fmt(metrics["actor/ppo_kl"]),
+                            ent=runlog.fmt(metrics["actor/entropy"]))
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             runlog.save_checkpoint(run_dir, step + 1, models, dist, keep=args.keep_checkpoints)
         if step == start_step and dist.device.type == "cuda":  # the up-front estimate against the first step
@@ -585,6 +572,7 @@ def main(argv=None):
         timing = {"wall_seconds": time.time() - wall_start,
                   "step_seconds": {k: v / n_steps for k, v in phase_totals.items()}, "eval_seconds": eval_seconds}
         plots.write_summary(run_dir, args, start, end, timing, len(eval_tasks))
+    tracker.close()
     barrier(dist)  # every rank leaves together, after rank 0's summary
     # DDP's reducers hold the process group: freed after it, the last would free gloo's group holding the GIL
     # while gloo's threads wait for it, a hang at exit (pytorch#56297). So the DDP models go first, then the group.
@@ -594,6 +582,18 @@ def main(argv=None):
         sampler.close()  # vLLM's shutdown destroys its process groups, the default one included
     close(dist)  # whenever a group was made (torchrun with one rank too), and vLLM did not already
     return run_dir
+
+
+def gather_metrics(args: Args, step: int, models: Models, tokenizer, batch: Batch, sampled: tuple, kept: tuple,
+                   credit: tuple, losses: dict, dist: Dist) -> dict:
+    """A line of metrics.jsonl over the whole batch (runlog.step_record), with the exact checker's diagnostics where
+    it knows the steps (embedded task, chains, sums): is the first wrong step blamed, right answers via wrong ones."""
+    batch.health["checked"] = step_prm.checker_steps(tokenizer, batch.questions, batch.texts, batch.rollout,
+                                                     embedded=not args.data)
+    diagnostics = step_prm.checker_diagnostics(None if args.process == "none" else credit[0], *batch.health["checked"],
+                                               batch.outcome, batch.n_train)
+    return runlog.step_record(args, step, batch, sampled, kept, credit, diagnostics, losses,
+                              {"actor": models.policy_opt, "prm": models.prm_opt}, dist)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,8 @@ CREDIT_ARMS = {
                           checker="step-nf"),
     "step-nf-grpo": dict(flags=["--process", "step", "--estimator", "grpo", *NO_FILTER], baseline="outcome-nf",
                          checker="step-nf"),
-    "step-nf-pass": dict(flags=["--process", "step", "--estimator", "pass", *NO_FILTER], baseline="outcome-nf",
+    "step-nf-pass": dict(flags=["--process", "step", "--estimator", "pass", "--kl-coef", "0", *NO_FILTER],  # as recorded
+                         baseline="outcome-nf",
                          checker="step-nf"),
     # The control for gamma 0.9: outcome-only with it (the outcome's return then fades from the last
     # token back, 0.9^k for k tokens before it: the discount alone, with no process signal)

@@ -38,8 +38,10 @@ ARMS = {
     "reinforce+prm": ["--estimator", "reinforce"],
     "grpo": ["--estimator", "grpo", "--process", "none"],
     "grpo+prm": ["--estimator", "grpo"],
-    "pass-implicit": ["--estimator", "pass"],
-    "pass-step": ["--estimator", "pass", "--process", "step"],
+    # --kl-coef 0: the recorded PASS arms ran before train.py kept PASS's reference term (default 1e-2 now), and a
+    # rerun reproduces them; PASS with its regulariser is another arm
+    "pass-implicit": ["--estimator", "pass", "--kl-coef", "0"],
+    "pass-step": ["--estimator", "pass", "--process", "step", "--kl-coef", "0"],
     "ppo": ["--estimator", "ppo", "--process", "none"],
     "ppo+prm": ["--estimator", "ppo"],
 }

@@ -15,7 +15,7 @@ import ddp
 import runlog
 import toy_task
 import verify
-from conftest import SFT_STEPS
+from conftest import SFT_STEPS, free_port
 from models import Models
 from rollout import HFRollout
 
@@ -66,7 +66,7 @@ def test_one_rank_and_two_unequal_ranks_give_the_same_advantages_and_update(glob
     saved, file = global_batch
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port",
-                           "29547", str(REPO / "tests" / "world_size_worker.py"), str(file), str(tmp_path / "rank")],
+                           str(free_port()), str(REPO / "tests" / "world_size_worker.py"), str(file), str(tmp_path / "rank")],
                           capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
@@ -87,6 +87,15 @@ def test_one_rank_and_two_unequal_ranks_give_the_same_advantages_and_update(glob
             if one["critic_delta"]:
                 assert_same(mine["critic_delta"], one["critic_delta"], 1e-5)
         assert one["adv"].abs().max() > 0.1, name  # a real advantage, not zeros compared with zeros
+        # the update's health metrics (runlog.health_metrics) are the whole batch's on every rank
+        for part in ranks:
+            for key, value in one["health"].items():
+                got = part[name]["health"][key]
+                assert (got is None) == (value is None), (name, key)
+                if value is not None:
+                    assert got == pytest.approx(value, rel=1e-4, abs=1e-6), (name, key)
+        assert one["health"]["actor/entropy"] > 0 and one["health"]["actor/grad_norm"] > 0, name
+        assert one["health"]["response_length/max"] == saved["rollout"].response_mask.sum(1).max()
 
 
 def test_whole_batch_statistics_by_hand_with_two_equal_shares():
@@ -271,7 +280,7 @@ def test_resume_reads_a_run_folder_written_before_checkpoints_were_links(tmp_pat
 def test_torchrun_with_one_rank_destroys_its_process_group(cache_dir, tmp_path):
     """`torchrun --nproc_per_node=1` is a world of one with a real process group: train.py must destroy
     it (NCCL warns at exit otherwise). tests/ddp_exit_probe.py prints a line when it is destroyed."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--master_port", "29549",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--master_port", str(free_port()),
            str(REPO / "tests" / "ddp_exit_probe.py"), "--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS),
            "--out-dir", str(tmp_path), "--run-name", "one", "--steps", "2", "--eval-problems", "8",
            "--prompts-per-step", "4", "--eval-every", "0"]

@@ -604,3 +604,74 @@ def test_token_logprobs_skips_a_trailing_position_without_copying_the_logits(dty
     assert logits.grad[:, T].abs().max() == 0
     chunk = 8 * V * 4 * 3  # a chunk's float32 values and the two temporaries of its ops
     assert tracked.peak <= logits.numel() * logits.element_size() + chunk + 64 * B * T, tracked.peak
+
+
+# ---------------------------------------------------------------------------------------------------
+# kl_penalty: the reference regulariser (--kl-coef), k3 and abs
+# ---------------------------------------------------------------------------------------------------
+
+
+def plain_kl(logp, logp_ref, mask, kind):
+    """A loop over tokens: k3 = r - log r - 1 with r = exp(ref - logp), clamped to [-10, 10]; abs = |logp - ref|."""
+    total, count = 0.0, 0
+    for i in range(mask.shape[0]):
+        for t in range(mask.shape[1]):
+            if mask[i, t]:
+                d = logp_ref[i, t].detach() - logp[i, t]
+                term = (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0) if kind == "k3" else torch.abs(-d)
+                total, count = total + term, count + 1
+    return total / count
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["k3", "abs"])
+def test_kl_penalty_gradient_on_a_ragged_batch(dtype, kind):
+    lengths = [5, 1, 3, 4]
+    logp, mask = ragged(lengths, seed=11, dtype=dtype, pad=0.0)
+    logp_ref = torch.where(mask.bool(), logp + 0.7 * ragged(lengths, seed=12, dtype=dtype)[0], torch.full_like(logp, 7.0))
+    logp_ref[3, 0] = logp[3, 0] + 30.0  # r = e^30: k3 past the clamp, no gradient there
+    grads = check_grads(lambda a, b: prime.kl_penalty(a, b, mask, kind), lambda a, b: plain_kl(a, b, mask, kind),
+                        [logp, logp_ref], dtype)
+    assert torch.count_nonzero(grads[1]) == 0  # the reference is frozen: no gradient reaches it
+
+
+def test_kl_penalty_by_hand():
+    """k3 at pi = 0.5, pi_ref = 0.25: r = 0.5, kl = 0.5 - log 0.5 - 1 = 0.19315; d/d log pi = 1 - r = 0.5,
+    over 2 valid tokens 0.25 each; abs: |log 0.5 - log 0.25| = log 2. Equal log-probs: 0 and no pull."""
+    logp = torch.tensor([[math.log(0.5), math.log(0.5), 9.0]], requires_grad=True)
+    ref = torch.tensor([[math.log(0.25), math.log(0.25), -9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss = prime.kl_penalty(logp, ref, mask, "k3")
+    assert loss.item() == pytest.approx(0.5 - math.log(0.5) - 1.0, rel=1e-6)
+    (g,) = torch.autograd.grad(loss, logp)
+    assert g[0].tolist() == pytest.approx([0.25, 0.25, 0.0], rel=1e-6)
+    assert prime.kl_penalty(logp, ref, mask, "abs").item() == pytest.approx(math.log(2.0), rel=1e-6)
+    same = prime.kl_penalty(ref.clone().requires_grad_(), ref, mask, "k3")
+    assert same.item() == 0.0
+    with pytest.raises(ValueError, match="kind"):
+        prime.kl_penalty(logp, ref, mask, "k2")
+
+
+def test_policy_health_sums_by_hand_on_a_ragged_batch():
+    """rho = (1.5, 0.5, 1.0 | 1.3, pad): A = (1, -1, 1 | -1, ...); eps 0.2. The clip binds at rho 1.5 with
+    A > 0 (high) and rho 0.5 with A < 0 (low); rho 1.3 with A < 0 is on the side the clip lets through.
+    k3 = rho - 1 - log rho: 0.0945 + 0.1931 + 0 + 0.0376 = 0.3252 over 4 tokens; padding counts nowhere."""
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.0], [1.3, 50.0, 50.0]]))
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    adv = torch.tensor([[1.0, -1.0, 1.0], [-1.0, 5.0, 5.0]])
+    sums = prime.policy_health_sums(logp, torch.zeros(2, 3), adv, mask, 0.2)
+    k3 = sum(r - 1 - math.log(r) for r in (1.5, 0.5, 1.0, 1.3))
+    assert (sums["clip_high"], sums["clip_low"], sums["tokens"]) == (1.0, 1.0, 4.0)
+    assert sums["kl_k3"] == pytest.approx(k3, rel=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_entropy_matches_the_naive_softmax_in_chunks(temperature):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 5, 11, generator=g) * 3
+    p = torch.softmax(logits.double() / temperature, -1)
+    naive = -(p * torch.log(p)).sum(-1)
+    for chunk in (11, 22, 1000):  # one position a chunk, two, all
+        torch.testing.assert_close(prime.token_entropy(logits, temperature, chunk).double(), naive, rtol=1e-5, atol=1e-6)
+    assert prime.token_entropy(torch.zeros(1, 2, 8))[0].tolist() == pytest.approx([math.log(8)] * 2, rel=1e-6)
+    assert prime.token_entropy(logits.bfloat16()).dtype == torch.float32

@@ -24,7 +24,7 @@ import toy_task
 import train
 from rollout import HFRollout
 
-from conftest import SFT_STEPS
+from conftest import SFT_STEPS, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def start_train(args, cache_dir, out_dir, torchrun=0, script="train.py") -> subp
     cmd = [sys.executable, str(REPO / script)]
     if torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={torchrun}",
-               "--master_port", "29533", str(REPO / script)]
+               "--master_port", str(free_port()), str(REPO / script)]
     cmd += ["--cache-dir", str(cache_dir), "--sft-steps", str(SFT_STEPS), "--out-dir", str(out_dir),
             "--eval-problems", "16", "--prompts-per-step", "8", *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
@@ -266,13 +266,6 @@ def test_opd_and_gopd_compare_the_teacher_with_the_student_at_one_temperature(ca
             assert signal.abs().max().item() == 0.0
         else:
             assert signal.abs().max().item() < 1e-5
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def two_nodes(flags, cache_dir, out_dir, port, timeout=900):
@@ -634,13 +627,13 @@ def test_pairwise_accuracy_counts_the_mixed_groups_only():
     accuracy leaves it out. K = 2: group 0 mixed and ranked right (1.0), group 1 all wrong."""
     args = config.parse_args(["--n-samples", "2"])
     score, outcome = torch.tensor([2.0, -1.0, 5.0, -5.0]), torch.tensor([1.0, 0.0, 0.0, 0.0])
-    assert train.pairwise_accuracy_sum(score, outcome, 4, args) == [1.0, 1]
-    assert train.pairwise_accuracy_sum(score, outcome, 2, args) == [1.0, 1]  # rows past n_train ignored
+    assert runlog.pairwise_accuracy_sum(score, outcome, 4, args) == [1.0, 1]
+    assert runlog.pairwise_accuracy_sum(score, outcome, 2, args) == [1.0, 1]  # rows past n_train ignored
     score[:2] = torch.tensor([-1.0, 2.0])  # ranked wrong
-    assert train.pairwise_accuracy_sum(score, outcome, 4, args) == [0.0, 1]
-    assert train.pairwise_accuracy_sum(score, torch.zeros(4), 4, args) == [0.0, 0]  # no mixed group: no count
+    assert runlog.pairwise_accuracy_sum(score, outcome, 4, args) == [0.0, 1]
+    assert runlog.pairwise_accuracy_sum(score, torch.zeros(4), 4, args) == [0.0, 0]  # no mixed group: no count
     args.process = "none"
-    assert train.pairwise_accuracy_sum(score, outcome, 4, args) == [0.0, 0]
+    assert runlog.pairwise_accuracy_sum(score, outcome, 4, args) == [0.0, 0]
 
 
 def test_prm_learns_from_its_rows_only_and_rewards_the_rest_from_the_same_prm(cache_dir):
@@ -904,3 +897,64 @@ def rollout_of(rows: int, width: int):
     ones = torch.ones(rows, width, dtype=torch.long)
     return Rollout(torch.randint(3, 20, (rows, 3), generator=g), torch.ones(rows, 3, dtype=torch.long),
                    torch.randint(3, 20, (rows, width), generator=g), ones, torch.zeros(rows, dtype=torch.bool))
+
+
+HEALTH = ["actor/pg_clipfrac", "actor/pg_clipfrac_high", "actor/pg_clipfrac_low", "actor/ppo_kl", "actor/entropy",
+          "actor/kl_loss", "actor/grad_norm", "actor/lr", "prm/grad_norm", "prm/lr",
+          *[f"critic/{what}/{stat}" for what in ("advantages", "returns") for stat in ("mean", "std", "min", "max")],
+          "response_length/mean", "response_length/max", "response_length/clip_ratio"]
+
+
+def test_every_step_logs_the_health_metrics_and_tensorboard_reads_them_back(cache_dir, tmp_path):
+    """metrics.jsonl carries veRL's health metrics every step, and --tracker tensorboard writes the same
+    numbers, read back here with TensorBoard's own reader: each value at its step."""
+    pytest.importorskip("tensorboard", reason="--tracker tensorboard: pip install -r requirements-trackers.txt")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    run = train_here(["--steps", "2", "--run-name", "tb", "--tracker", "tensorboard", "--eval-every", "0",
+                      "--mini-batches", "2"], cache_dir, tmp_path)
+    metrics = metrics_of(run)
+    for m in metrics:
+        assert set(HEALTH) <= set(m), set(HEALTH) - set(m)
+        assert m["actor/kl_loss"] is None  # no --kl-coef: PRIME's loop has no reference term
+        assert 0 <= m["actor/pg_clipfrac"] <= 1 and m["actor/ppo_kl"] >= 0 and m["actor/entropy"] > 0
+        assert m["actor/pg_clipfrac"] == pytest.approx(m["actor/pg_clipfrac_high"] + m["actor/pg_clipfrac_low"])
+        assert m["actor/grad_norm"] > 0 and m["prm/grad_norm"] > 0 and m["actor/lr"] == 5e-5 and m["prm/lr"] == 3e-4
+        assert m["critic/advantages/min"] <= m["critic/advantages/mean"] <= m["critic/advantages/max"]
+        assert m["response_length/mean"] == pytest.approx(m["response_length"])  # the older name, the same number
+        assert m["response_length/mean"] <= m["response_length/max"] <= 96
+    assert metrics[1]["actor/ppo_kl"] > 0  # the second mini-batch's policy is no longer pi_old
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    for m in metrics:
+        for key, value in m.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+                point = next(e for e in events.Scalars(key) if e.step == m["step"])
+                assert point.value == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    assert {e.step for e in events.Scalars("time/rollout")} == {1, 2}
+
+
+def test_pass_keeps_its_reference_term_and_the_kl_flags_resolve_as_the_paper_runs():
+    assert (config.parse_args([]).kl_coef, config.parse_args([]).kl_kind) == (0.0, "k3")  # PRIME: none
+    passed = config.parse_args(["--estimator", "pass"])
+    assert (passed.kl_coef, passed.kl_kind) == (0.01, "k3")  # PASS App. G: 1e-2, veRL's low_var_kl
+    qa = config.parse_args(["--estimator", "pass", "--pass-preset", "qa", "--task", "qa"])
+    assert (qa.kl_coef, qa.kl_kind) == (0.01, "abs")  # PASS's QA: the masked absolute log-prob difference
+    assert config.parse_args(["--estimator", "pass", "--kl-coef", "0"]).kl_coef == 0.0
+    assert config.Args(estimator="pass").kl_coef == 0.01 and config.Args().kl_coef == 0.0
+
+
+def test_a_pass_run_trains_with_the_reference_term_against_the_frozen_sft_model(cache_dir, tmp_path):
+    run = train_here(["--steps", "2", "--run-name", "pass-kl", "--estimator", "pass", "--eval-every", "0",
+                      "--mini-batches", "2"], cache_dir, tmp_path)
+    metrics = metrics_of(run)
+    assert json.loads((run / "config.json").read_text())["kl_coef"] == 0.01
+    assert metrics[0]["actor/kl_loss"] >= 0 and metrics[-1]["actor/kl_loss"] > 0  # the policy left the reference
+
+
+def test_a_missing_tracker_package_is_named_with_its_install(monkeypatch, capsys):
+    monkeypatch.setitem(runlog.TRACKERS, "wandb", "no_such_package_for_this_test")
+    with pytest.raises(SystemExit) as stop:
+        config.parse_args(["--tracker", "wandb"])
+    assert stop.value.code == 2
+    assert "--tracker wandb: the package 'no_such_package_for_this_test' is not installed (pip install -r " \
+           "requirements-trackers.txt)" in capsys.readouterr().err

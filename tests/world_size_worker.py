@@ -16,6 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import config  # noqa: E402
 import ddp  # noqa: E402
+import runlog  # noqa: E402
 import train  # noqa: E402
 import models  # noqa: E402
 from models import Models  # noqa: E402
@@ -50,7 +51,9 @@ def run(saved: dict, d: ddp.Dist) -> dict:
     formats = saved["formats"][rows].double()
     results = {}
     for name, flags in ESTIMATORS.items():
-        args = config.Args(**{"n_samples": K, "max_tokens_per_micro_batch": 0, "micro_batch_size": 3, **flags})
+        # no reference regulariser (PASS's default --kl-coef 1e-2 needs a reference model; the split is what is tested)
+        args = config.Args(**{"n_samples": K, "max_tokens_per_micro_batch": 0, "micro_batch_size": 3, "kl_coef": 0.0,
+                              **flags})
         policy = AutoModelForCausalLM.from_pretrained(saved["model"], dtype=torch.float64)
         if args.lora_rank:  # the adapter, A and B random (B = 0 would leave A no gradient), the same on every rank
             policy = models.Adapter(models.with_adapters(policy, args), "policy")
@@ -69,12 +72,16 @@ def run(saved: dict, d: ddp.Dist) -> dict:
             run_models.critic = ddp.wrap_ddp(critic, d)
             run_models.critic_opt = torch.optim.SGD(run_models.critic.parameters(), lr=1.0)
         batch = train.with_plans(batch, args, d)
+        batch.health = {}  # this estimator's update only
         process = train.process_rewards(args, signal, None, batch.train_mask, batch.outcome, d)
         adv, *targets = train.advantages(args, run_models, batch, process, signal, None, formats, d)
         train.update_policy(args, run_models, batch, None, adv, None, d)
         if run_models.critic is not None:
             train.update_critic(args, run_models, batch, targets, d)
-        results[name] = dict(rows=rows, adv=adv.detach(),
+        returns = (batch.outcome[:, None] + process.sum(-1, keepdim=True)).expand_as(batch.train_mask)
+        health = runlog.health_metrics(ro, batch.train_mask, adv, returns, batch.health,
+                                       {"actor": run_models.policy_opt, "prm": None}, d)
+        results[name] = dict(rows=rows, adv=adv.detach(), health=health,
                              policy_delta=[p.detach() - s for p, s in zip(policy.parameters(), start)],
                              critic_delta=[p.detach() - s for p, s in zip(ddp.unwrap(run_models.critic).parameters(),
                                                                           critic_start)] if critic_start else [])
