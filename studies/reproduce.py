@@ -162,7 +162,9 @@ def main(argv=None):
         import real_study
         return real_study.main(argv[1:])
     parser = same_parser(__doc__)
-    parser.add_argument("comparison", choices=[*COMPARISONS, "all"], help="a comparison, or all five")
+    parser.add_argument("comparison", choices=[*COMPARISONS, "all", "real"],  # real: handled above, listed here
+                        help="a comparison, all five, or real (the SmolLM2 study: real_study.py, with flags of its "
+                             "own: reproduce.py real --help); the credit-assignment study is credit_study.py")
     parser.add_argument("--paired-from-json", action="store_true",
                         help="only the paired differences the text quotes (PAIRS), from --figures/results.json")
     args = parse_study_args(parser, argv)

@@ -11,6 +11,21 @@ import toy_task
 
 SFT_STEPS = 0  # the recipe's checkpoint of the default task, shipped in checkpoints/: nothing to train
 
+# `pytest -m quick`: the files that check the math, the graders, the benchmarks' scoring, the flags and the
+# docs without a training run (about 2.5 minutes on 2 cores; README, CI). The whole suite adds the runs.
+QUICK_FILES = {"test_prime.py", "test_gradients.py", "test_pass.py", "test_verify.py", "test_benchmarks.py",
+               "test_config.py", "test_docs.py", "test_step_prm.py", "test_toy_task.py"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "quick: the quick files (QUICK_FILES in tests/conftest.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in QUICK_FILES:
+            item.add_marker(pytest.mark.quick)
+
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
@@ -36,3 +51,12 @@ def sandbox_dirs(inside: str = "") -> list[Path]:
         except FileNotFoundError:
             continue
     return found
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a torchrun rendezvous or a process group: two test runs on
+    one host (two clones' quickstart files at once) never meet on a fixed port."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

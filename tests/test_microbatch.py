@@ -22,7 +22,7 @@ import toy_task
 import train
 from rollout import HFRollout, Rollout
 
-from conftest import SFT_STEPS
+from conftest import SFT_STEPS, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -344,7 +344,7 @@ def test_two_ranks_with_unequal_rows_give_the_whole_batch_gradient(toy_batch, tm
     out = tmp_path / "out.pt"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port",
-                           "29541", str(REPO / "tests" / "microbatch_ddp_worker.py"), str(batch), str(out)],
+                           str(free_port()), str(REPO / "tests" / "microbatch_ddp_worker.py"), str(batch), str(out)],
                           capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = torch.load(out, weights_only=False)

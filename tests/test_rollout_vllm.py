@@ -18,7 +18,7 @@ import torch
 import config
 import microbatch
 import toy_task
-from conftest import SFT_STEPS
+from conftest import SFT_STEPS, free_port
 from rollout import HFRollout, VLLMRollout, cut_at_eos, left_pad
 
 REPO = Path(__file__).resolve().parents[1]
@@ -230,7 +230,7 @@ def test_per_adapter_cpu_lora_kernels_equal_vllms_own(vllm, dtype):
 def run_train(sft_path, out_dir, *extra, torchrun=0):
     cmd = [sys.executable, str(REPO / "train.py")]
     if torchrun:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={torchrun}", "--master_port", "29541",
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={torchrun}", "--master_port", str(free_port()),
                str(REPO / "train.py")]
     cmd += ["--rollout", "vllm", "--cache-dir", str(sft_path.parent), "--sft-steps", str(SFT_STEPS),
             "--out-dir", str(out_dir), "--run-name", "v", "--eval-problems", "16", "--prompts-per-step", "8",
