@@ -19,6 +19,7 @@ from pathlib import Path
 import verify  # light: the sandbox's stdlib only; torch, transformers and the models load when a run needs them
 
 TEACHER_SFT_STEPS = 1500  # toy_task.TEACHER_SFT_STEPS (tests/test_config.py checks they agree)
+VLLM_MAX_LORA_RANK = 512  # max(rollout.LORA_SLOT_RANKS), vLLM 0.32's largest max_lora_rank (checked there too)
 
 
 def default_precision() -> str:
@@ -431,6 +432,9 @@ def check_args(args: Args) -> None:
             "knows the embedded task)")
     if args.pass_preset == "v1" and args.estimator == "pass" and args.process != "step":
         bad("--pass-preset v1 chunks by the step PRM's steps: it needs --process step")
+    if args.lora_rank > VLLM_MAX_LORA_RANK and args.rollout == "vllm":
+        bad(f"--lora-rank {args.lora_rank}: vLLM 0.32 holds adapters of rank {VLLM_MAX_LORA_RANK} at most; "
+            "choose a smaller rank or --rollout hf")
     if args.lora_rank and args.estimator == "ppo":
         bad(f"--lora-rank {args.lora_rank} with --estimator ppo: PPO's critic is a whole model with a value head of "
             "its own, not an adapter of the shared base; use full fine-tuning (--lora-rank 0) or another estimator")

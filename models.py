@@ -117,6 +117,11 @@ def keep_head_fp32(model) -> None:
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def lora_targets(args: Args) -> list[str]:
+    """The modules a run's adapters sit on (config.json; --resume checks them), none without --lora-rank."""
+    return list(LORA_TARGETS) if args.lora_rank else []
+
+
 def with_adapters(base, args: Args):
     """The PEFT model of --lora-rank: `base` frozen, adapter "policy" (and "prm" for --process implicit),
     each W x + (alpha / r) B A x on LORA_TARGETS, A random and B zero at the start, in fp32 over a base
@@ -140,8 +145,9 @@ class Adapter(torch.nn.Module):
 
     Each forward switches the shared model to its own adapter and leaves it there: a checkpointed
     layer recomputes its forward during the backward, which must see the adapter that its forward
-    saw. PEFT's switch (set_adapter, disable_adapter) turns requires_grad off on every other adapter;
-    the next update of that adapter needs it, so it is turned back on."""
+    saw. PEFT's switch (set_adapter) turns requires_grad on for its adapter and off for every other,
+    so each forward's own adapter is the trainable one; __init__ turns every adapter on once, for DDP,
+    which registers only the parameters that require a gradient when it wraps them."""
 
     def __init__(self, shared, name: str | None):
         super().__init__()
@@ -150,19 +156,15 @@ class Adapter(torch.nn.Module):
         self.adapters = [p for k, p in shared.named_parameters() if ".lora_" in k]  # every adapter's
         mine = {k: p for k, p in shared.named_parameters() if ".lora_" in k and k.split(".")[-2] == name}
         self.weights = torch.nn.ParameterDict({k.replace(".", ":"): p for k, p in mine.items()})
-        for p in self.adapters:  # PEFT's add_adapter leaves only the active one trainable
+        for p in self.adapters:  # PEFT's add_adapter leaves only the active one trainable; DDP needs them all
             p.requires_grad_(True)
 
     def forward(self, *args, **kwargs):
         if self.name is None:
             with self.shared.disable_adapter():
-                out = self.shared(*args, **kwargs)
-        else:
-            self.switch()
-            out = self.shared(*args, **kwargs)
-        for p in self.adapters:
-            p.requires_grad_(True)
-        return out
+                return self.shared(*args, **kwargs)
+        self.switch()
+        return self.shared(*args, **kwargs)
 
     def switch(self) -> None:
         if self.shared.active_adapter != self.name:
@@ -193,7 +195,10 @@ class Adapter(torch.nn.Module):
         Path(folder).mkdir(parents=True, exist_ok=True)
         weights = get_peft_model_state_dict(self.shared, adapter_name=self.name)
         save_file({k: v.detach().contiguous() for k, v in weights.items()}, Path(folder) / "adapter_model.safetensors")
-        self.shared.peft_config[self.name].save_pretrained(folder)
+        config = self.shared.peft_config[self.name]
+        if Path(config.base_model_name_or_path).exists():  # a local base: absolute, so final/ loads from any folder
+            config.base_model_name_or_path = str(Path(config.base_model_name_or_path).resolve())
+        config.save_pretrained(folder)
 
 
 def prm_start(args: Args, sft_path: str, tokenizer, d: Dist) -> str:

@@ -18,6 +18,7 @@ Token layout (the same for every backend and for train.py):
 
 import os
 import random
+import shutil
 import socket
 import tempfile
 from dataclasses import dataclass
@@ -418,3 +419,5 @@ class VLLMRollout:
         with them, so under torchrun this replaces dist.destroy_process_group() (which, called
         first, would leave vLLM's exit-time shutdown failing on groups already gone)."""
         self.llm.llm_engine.engine_core.shutdown()
+        if self.adapter_dir:  # the one adapter folder of the run, rewritten at each push
+            shutil.rmtree(self.adapter_dir, ignore_errors=True)

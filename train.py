@@ -64,7 +64,7 @@ from data import Task, load_tasks
 from ddp import Dist, all_reduce, barrier, close, print0, setup_distributed, unwrap
 from microbatch import (MicroBatch, critic_values, logprobs_no_grad, needs_old_logprobs, plan_update, response_logprobs,
                         run_update, values_no_grad)
-from models import Models, build_models, make_sampler, measured_memory, memory_line
+from models import Models, build_models, lora_targets, make_sampler, measured_memory, memory_line
 from rollout import Rollout, concat_rollouts
 from runlog import timed
 
@@ -479,7 +479,7 @@ def main(argv=None):
         sampler.push_weights(unwrap(models.policy))  # a vLLM engine loaded the SFT checkpoint, not this one
     if dist.master:
         runlog.write_json(run_dir / "config.json", {**dataclasses.asdict(args), "model_path": models.path,
-                                                    "world_size": dist.world})
+                                                    "world_size": dist.world, "lora_targets": lora_targets(args)})
     tracker = runlog.Tracker(args.tracker, run_dir, dataclasses.asdict(args), dist.master)
     start, eval_seconds = evaluation.start_accuracy(args, run_dir, sampler, eval_tasks, dist)
     print0(dist, f"held-out accuracy of the starting checkpoint: greedy {start['greedy']:.3f}, sampled "

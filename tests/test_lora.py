@@ -6,6 +6,7 @@ an exact kill-and-resume from a checkpoint of adapters only. (One rank against t
 test_distributed.py; vLLM getting the adapter: tests/test_rollout_vllm.py.)"""
 
 import hashlib
+import json
 import socket
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import config
 import ddp
 import microbatch
 import models as models_module
+import runlog
 import train
 from conftest import SFT_STEPS
 from rollout import Rollout
@@ -146,7 +148,7 @@ def test_the_base_at_the_end_of_a_run_is_bit_identical_to_its_start(cache_dir, t
     # final/ is the policy's adapter on its base: eval.py loads it unmerged, with the trained numbers
     import eval as evaluation
     final = tmp_path / "lora" / "final"
-    assert evaluation.adapter_base(str(final)) == built[0].path
+    assert Path(evaluation.adapter_base(str(final))) == Path(built[0].path).resolve()  # absolute: loads from anywhere
     loaded = {k.replace(".default.", ".policy."): v for k, v in evaluation.load_model(str(final)).named_parameters()
               if ".lora_" in k}
     trained = {k: v for k, v in built[0].policy.shared.named_parameters() if ".lora_" in k and ".policy." in k}
@@ -298,3 +300,55 @@ def test_the_gpu_check_of_a_7b_lora_update_runs_its_code_on_a_small_shape(tmp_pa
     for k in ("reference", "prm_update", "policy_update"):
         assert report[k]["seconds"] > 0 and report[k]["tokens_per_second"] > 0
     assert report["estimated_state_plus_update_gb"] > 0
+
+
+def test_resume_refuses_other_adapter_settings_naming_the_flag_before_any_weight_loads(cache_dir, tmp_path,
+                                                                                     monkeypatch):
+    """A checkpoint's adapters fit the rank, alpha, target modules and base they were built with: --resume
+    with another value stops at the run folder, naming the flag and both values, before a weight loads
+    (another alpha would rescale the adapters silently, another rank fail on a tensor shape)."""
+    threads = torch.get_num_threads()
+    try:
+        train_here(["--steps", "1", "--lora-rank", "4", "--run-name", "lora", "--rollout", "hf", "--eval-every", "0"],
+                   cache_dir, tmp_path)
+        monkeypatch.setattr(train, "build_models", lambda *a: pytest.fail("a model was built before the check"))
+        for flags, message in ((["--lora-alpha", "16"], "--lora-alpha 32.0, this command gives 16.0"),
+                               (["--lora-rank", "8"], "--lora-rank 4, this command gives 8"),
+                               (["--lora-rank", "0"], "--lora-rank 4, this command gives 0")):
+            with pytest.raises(SystemExit, match="--resume: the checkpoint's adapters were built with " + message):
+                train_here(["--steps", "2", "--lora-rank", "4", "--run-name", "lora", "--rollout", "hf", "--resume",
+                            *flags], cache_dir, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    saved = json.loads((tmp_path / "lora" / "config.json").read_text())
+    assert saved["lora_targets"] == list(models_module.LORA_TARGETS)
+    same = config.parse_args(["--lora-rank", "4", "--resume", "--run-name", "lora", "--rollout", "hf", "--out-dir",
+                              str(tmp_path)])
+    runlog.check_same_adapters({**saved, "model": ""}, same)  # the same settings: passes
+    with pytest.raises(SystemExit, match="--lora-targets"):
+        runlog.check_same_adapters({**saved, "model": "", "lora_targets": ["q_proj"]}, same)
+
+
+def test_a_rank_vllm_cannot_hold_is_refused_at_the_command_line():
+    import rollout
+    assert config.VLLM_MAX_LORA_RANK == max(rollout.LORA_SLOT_RANKS)
+    with pytest.raises(config.ConfigError, match="--lora-rank 1024: vLLM 0.32 holds adapters of rank 512 at most"):
+        config.check_args(config.Args(lora_rank=1024, rollout="vllm"))
+    config.check_args(config.Args(lora_rank=1024, rollout="hf"))  # HF generate has no such limit
+
+
+def test_final_records_an_absolute_base_so_it_loads_from_any_folder(tmp_path, monkeypatch):
+    """A relative --model (here "base", from the folder the run started in) is written into final/'s
+    adapter config as an absolute path: eval.py --model runs/NAME/final then works from anywhere."""
+    import eval as evaluation
+    from transformers import AutoModelForCausalLM
+    tiny_lm(torch.float32).save_pretrained(tmp_path / "base")
+    monkeypatch.chdir(tmp_path)
+    base = AutoModelForCausalLM.from_pretrained("base")
+    adapter = models_module.Adapter(models_module.with_adapters(base, config.Args(lora_rank=2, process="none")), "policy")
+    adapter.save_pretrained(tmp_path / "final")
+    recorded = json.loads((tmp_path / "final" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert recorded == str((tmp_path / "base").resolve())
+    monkeypatch.chdir("/")
+    assert evaluation.adapter_base(str(tmp_path / "final")) == recorded
+    assert any(".lora_" in k for k, _ in evaluation.load_model(str(tmp_path / "final")).named_parameters())

@@ -18,8 +18,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE_COMMIT = "8cf20fb"  # train.py as one 1490-line file, just before the redesign
-# --filter-mode refill (issue 29): 0 here; the share of right responses with a wrong step (7c69564)
-NEW_METRICS = {"refill_draws", "right_with_wrong_step"}
+# --filter-mode refill (issue 29): 0 here; the share of right responses with a wrong step (7c69564); the
+# health metrics of the update (runlog.health_metrics)
+NEW_METRICS = {"refill_draws", "right_with_wrong_step", "actor/pg_clipfrac", "actor/pg_clipfrac_high",
+               "actor/pg_clipfrac_low", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "actor/lr",
+               "prm/grad_norm", "prm/lr", "response_length/mean", "response_length/max", "response_length/clip_ratio",
+               *[f"critic/{what}/{stat}" for what in ("advantages", "returns") for stat in ("mean", "std", "min", "max")]}
+# defaults changed since: PASS keeps its reference term (--kl-coef 1e-2 under --estimator pass); the code
+# before had none
+CHANGED_DEFAULTS = ["--kl-coef", "0"]
 # the whole batch's mean over every rank since issue 42, its sum taken in float64: equal to float32 round-off
 ROUNDED_METRICS = {"process_reward_abs_mean"}
 FLAGS = ["--steps", "2", "--seed", "3", "--prompts-per-step", "8", "--eval-problems", "8", "--eval-every", "1",
@@ -62,7 +69,7 @@ def result(proc: subprocess.Popen, out: Path) -> dict:
 @pytest.mark.parametrize("flags", [[], ["--estimator", "pass", "--process", "step"]], ids=["prime", "pass-step"])
 def test_the_redesign_gives_the_same_run_as_the_code_before_it(flags, tmp_path):
     procs = [start(reference_tree(tmp_path), tmp_path / "before-runs", flags),  # both at once, one thread each
-             start(REPO, tmp_path / "after-runs", flags)]
+             start(REPO, tmp_path / "after-runs", flags + CHANGED_DEFAULTS)]
     before, after = result(procs[0], tmp_path / "before-runs"), result(procs[1], tmp_path / "after-runs")
     assert len(after["metrics"]) == 2 and after["metrics"][0]["reward"] > 0
     for b, a in zip(before["metrics"], after["metrics"]):  # metrics added since are logged, not compared
