@@ -10,6 +10,7 @@ embedded tiny model's checkpoint (toy_task.sft_checkpoint: shipped, or trained o
 reference the same weights with the adapters off (Adapter, below).
 """
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,9 @@ class Models:
 
 def build_models(args: Args, d: Dist) -> Models:
     """Load the policy and whatever --process and --estimator need, on the device, with AdamW each."""
+    saved = Path(args.out_dir) / args.run_name / "config.json"
+    if args.resume and saved.exists():  # a LoRA checkpoint's adapters fit their own settings: checked before any load
+        check_same_adapters(json.loads(saved.read_text()), args)
     path, policy, tokenizer = load_model_and_tokenizer(args, d)
     m = Models(path, tokenizer, policy, policy_opt=None)
     shared = with_adapters(policy, args) if args.lora_rank else None  # --lora-rank: one base, two adapters
@@ -115,6 +119,23 @@ def keep_head_fp32(model) -> None:
 # frozen with the rest of the base. The base is never merged into: a merge and unmerge in bf16 moves
 # the weights a little each time, and here the base is the reference.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+ADAPTER_FLAGS = ("model", "lora_rank", "lora_alpha", "lora_targets")  # what a LoRA checkpoint's adapters were built on
+
+
+def check_same_adapters(saved: dict, args) -> None:
+    """--resume of a --lora-rank run: the adapters in the checkpoint fit only the base, rank, alpha and
+    target modules they were built with. Another value on the command line would load them into a
+    different model (alpha: silently rescaled; rank: a tensor-shape error): refuse it, naming the flag and
+    both values. `saved`: the run's config.json."""
+    now = {**vars(args), "lora_targets": list(LORA_TARGETS) if args.lora_rank else []}
+    if not saved.get("lora_rank") and not args.lora_rank:
+        return
+    for key in ADAPTER_FLAGS:
+        if key in saved and saved[key] != now[key]:
+            raise SystemExit(f"--resume: the checkpoint's adapters were built with --{key.replace('_', '-')} "
+                             f"{saved[key]!r}, this command gives {now[key]!r}: resume with the run's own value")
 
 
 def lora_targets(args: Args) -> list[str]:
@@ -591,7 +612,6 @@ def sft_on_solutions(model_path: str | Path, rows: list[dict], out: str | Path, 
 
 if __name__ == "__main__":
     import argparse
-    import json
     parser = argparse.ArgumentParser(description="Build a real model's Hugging Face folder (smollm2), or SFT a model "
                                      "on worked solutions (sft --model DIR --data rows.jsonl --out DIR)")
     parser.add_argument("command", choices=["smollm2", "sft"])

@@ -120,33 +120,12 @@ def truncate_metrics(path: Path, last_step: int) -> None:
         write_atomic(path, "".join(l + "\n" for l in lines))
 
 
-ADAPTER_FLAGS = ("model", "lora_rank", "lora_alpha", "lora_targets")  # what a LoRA checkpoint's adapters were built on
-
-
-def check_same_adapters(saved: dict, args) -> None:
-    """--resume of a --lora-rank run: the adapters in the checkpoint fit only the base, rank, alpha and
-    target modules they were built with. Another value on the command line would load them into a
-    different model (alpha: silently rescaled; rank: a tensor-shape error): refuse it, naming the flag and
-    both values. `saved`: the run's config.json."""
-    from models import LORA_TARGETS  # light enough here: resume only
-
-    now = {**vars(args), "lora_targets": list(LORA_TARGETS) if args.lora_rank else []}
-    if not saved.get("lora_rank") and not args.lora_rank:
-        return
-    for key in ADAPTER_FLAGS:
-        if key in saved and saved[key] != now[key]:
-            raise SystemExit(f"--resume: the checkpoint's adapters were built with --{key.replace('_', '-')} "
-                             f"{saved[key]!r}, this command gives {now[key]!r}: resume with the run's own value")
-
-
 def make_run_dir(args, d: Dist) -> Path:
     """runs/<name>/, made by rank 0 (refusing to write over a run unless --resume), seen by every rank."""
     run_dir = Path(args.out_dir) / (args.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
     if d.master:
         if run_dir.exists() and not args.resume and (run_dir / "metrics.jsonl").exists():
             raise SystemExit(f"{run_dir} already holds a run: pass --resume to continue it or choose another --run-name")
-        if args.resume and (run_dir / "config.json").exists():  # before any weight loads
-            check_same_adapters(json.loads((run_dir / "config.json").read_text()), args)
         run_dir.mkdir(parents=True, exist_ok=True)
         print(f"run folder: {run_dir} ({'resumed' if args.resume else 'new'}; --resume --run-name "
               f"{run_dir.name} continues it)", flush=True)

@@ -18,7 +18,6 @@ import config
 import ddp
 import microbatch
 import models as models_module
-import runlog
 import train
 from conftest import SFT_STEPS
 from rollout import Rollout
@@ -311,7 +310,8 @@ def test_resume_refuses_other_adapter_settings_naming_the_flag_before_any_weight
     try:
         train_here(["--steps", "1", "--lora-rank", "4", "--run-name", "lora", "--rollout", "hf", "--eval-every", "0"],
                    cache_dir, tmp_path)
-        monkeypatch.setattr(train, "build_models", lambda *a: pytest.fail("a model was built before the check"))
+        monkeypatch.setattr(models_module, "load_model_and_tokenizer",
+                            lambda *a: pytest.fail("a weight was loaded before the check"))
         for flags, message in ((["--lora-alpha", "16"], "--lora-alpha 32.0, this command gives 16.0"),
                                (["--lora-rank", "8"], "--lora-rank 4, this command gives 8"),
                                (["--lora-rank", "0"], "--lora-rank 4, this command gives 0")):
@@ -324,9 +324,9 @@ def test_resume_refuses_other_adapter_settings_naming_the_flag_before_any_weight
     assert saved["lora_targets"] == list(models_module.LORA_TARGETS)
     same = config.parse_args(["--lora-rank", "4", "--resume", "--run-name", "lora", "--rollout", "hf", "--out-dir",
                               str(tmp_path)])
-    runlog.check_same_adapters({**saved, "model": ""}, same)  # the same settings: passes
+    models_module.check_same_adapters({**saved, "model": ""}, same)  # the same settings: passes
     with pytest.raises(SystemExit, match="--lora-targets"):
-        runlog.check_same_adapters({**saved, "model": "", "lora_targets": ["q_proj"]}, same)
+        models_module.check_same_adapters({**saved, "model": "", "lora_targets": ["q_proj"]}, same)
 
 
 def test_a_rank_vllm_cannot_hold_is_refused_at_the_command_line():
