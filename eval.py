@@ -193,8 +193,8 @@ def sample_and_score(sampler, prompt_ids: list[list[int]], answers: list[str], k
                      greedy: bool = False, math_grader: str = "math-verify", questions: list[str] | None = None):
     """n responses per prompt (greedy: one), each scored against its problem's answer (and, given its
     `questions`, refused where it only restates one: verify.restated) by verify.py:
-    (rollout, texts, scores), the n samples of a prompt in consecutive rows. The one evaluator behind
-    both the benchmarks (`evaluate`) and train.py's held-out accuracy (`heldout_accuracy`)."""
+    (rollout, texts, scores), the n samples of a prompt in consecutive rows: train.py's held-out accuracy
+    (`heldout_accuracy`); the benchmarks grade with benchmark.grade (`evaluate`)."""
     rollout = sampler.generate(prompt_ids, n=n, greedy=greedy)
     texts = sampler.decode(rollout)
     scores = verify.score_batch(texts, [a for a in answers for _ in range(n)], [k for k in kinds for _ in range(n)],

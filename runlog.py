@@ -243,8 +243,11 @@ def step_record(args, step: int, batch, sampled: tuple, kept: tuple, credit: tup
     # a response's return: PPO's GAE targets, else its total reward r_o + sum_t r_t (what RLOO and GRPO compare)
     returns = ppo_targets[0] if ppo_targets[0] is not None else \
         (batch.outcome[:, None] + process_reward.sum(-1, keepdim=True)).expand_as(batch.train_mask)
-    return {**step_metrics(args, step, sums, kept_per_rank, losses),
-            **health_metrics(rollout, batch.train_mask, adv, returns, batch.health, optimizers, d)}
+    metrics = step_metrics(args, step, sums, kept_per_rank, losses)
+    # veRL's names for two figures step_metrics already has from the summed counts
+    metrics["response_length/mean"], metrics["response_length/clip_ratio"] = \
+        metrics["response_length"], metrics["truncated_fraction"]
+    return {**metrics, **health_metrics(rollout, batch.train_mask, adv, returns, batch.health, optimizers, d)}
 
 
 def masked_stats(x: torch.Tensor, mask: torch.Tensor, d: Dist) -> dict:
@@ -272,11 +275,11 @@ def health_metrics(rollout, train_mask: torch.Tensor, adv: torch.Tensor, returns
         actor/grad_norm, prm/grad_norm    gradient norm before clipping, mean over the iteration's steps
         actor/lr, prm/lr                  the optimizers' current learning rates
         critic/advantages/{mean,std,min,max}, critic/returns/{...}   over the training tokens
-        response_length/{mean,max,clip_ratio}   of every sampled response; clip_ratio = cut at the cap
+        response_length/max               the longest sampled response (step_record adds /mean and /clip_ratio,
+                                          the share cut at the cap, from step_metrics' sums)
     Metrics of an update that did not run (the PRM's without --process implicit, the policy's while PPO's
     critic warms up) are None."""
     lengths = rollout.response_mask.sum(-1).float()
-    n, total, cut = all_reduce([float(len(lengths)), float(lengths.sum()), float(rollout.truncated.sum())], d)
     sums = all_reduce([health.get(k, 0.0) for k in ("clip_high", "clip_low", "kl_k3", "entropy", "kl_ref", "tokens")], d)
     clip_high, clip_low, kl_k3, entropy, kl_ref, tokens = sums
     per_token = (lambda x: x / tokens) if tokens else (lambda x: None)  # noqa: E731
@@ -291,9 +294,7 @@ def health_metrics(rollout, train_mask: torch.Tensor, adv: torch.Tensor, returns
         out[f"critic/advantages/{key}"] = value
     for key, value in masked_stats(returns, train_mask, d).items():
         out[f"critic/returns/{key}"] = value
-    out["response_length/mean"] = total / max(n, 1)
     out["response_length/max"] = all_reduce_max([float(lengths.max()) if len(lengths) else 0.0], d)[0]
-    out["response_length/clip_ratio"] = cut / max(n, 1)
     return out
 
 
