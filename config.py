@@ -241,30 +241,34 @@ PRESETS = {
                   max_tokens_per_micro_batch=0, gradient_checkpointing=True, temperature=1.0, top_p=1.0,
                   filter_mode="refill"),
     # DeepSeek-R1-Distill-Qwen-1.5B (paper App. B.7) and Qwen2.5(-Math)-1.5B under plain DDP on 8 x 80 GB, by
-    # models.memory_estimate_gb (tests/test_memory.py::test_the_1_5b_preset_fits_80gb_on_each_named_model): policy
+    # memory.memory_estimate_gb (tests/test_memory.py::test_the_1_5b_preset_fits_80gb_on_each_named_model): policy
     # and PRM in fp32 with their gradients, AdamW's moments on the CPU except during their model's update
     # (--offload-optimizer), the fp32 reference; one row per micro-batch with checkpointing in bf16; vLLM's
-    # share, 0.2 of the GPU (16 GB), asleep during the updates; the CUDA context, NCCL and vLLM's graph pool:
-    # 69.5 GB (untied DeepSeek-R1-Distill, 1.78B parameters), 61.8 GB (tied Qwen2.5, 1.54B), 10% margin included.
+    # share, 0.25 of the GPU (20 GB), asleep during the updates (which, at 23.9 GB, bind: the share costs
+    # nothing up to there), holds a step's 128 sequences a rank at once (memory.vllm_share_gb: one wave);
+    # the CUDA context and NCCL: 69.6 GB (untied DeepSeek-R1-Distill, 1.78B parameters), 61.9 GB (tied
+    # Qwen2.5, 1.54B), 10% margin included.
     # App. B.7 ran DeepScaleR's first stage for 330 steps; a checkpoint every 30, the held-out accuracy every 66.
     "1.5b": dict(steps=330, save_every=30, eval_every=66, prompts_per_step=256, n_samples=4, max_prompt_len=1024,
                  max_response_len=3072,
                  policy_lr=1e-6, prm_lr=1e-6, beta=0.05, mini_batches=4, micro_batch_size=1,
                  max_tokens_per_micro_batch=0, gradient_checkpointing=True, temperature=1.0, top_p=1.0,
-                 filter_mode="refill", vllm_gpu_memory_utilization=0.2, vllm_sleep=True, offload_optimizer=True),
+                 filter_mode="refill", vllm_gpu_memory_utilization=0.25, vllm_sleep=True, offload_optimizer=True),
     # The paper's own model, Qwen2.5-Math-7B (7.6B parameters), under plain DDP on 8 x 80 GB: full fine-tuning
     # cannot fit (its policy alone is 122 GB at 16 bytes a parameter), so the policy and the PRM are two rank-64
-    # adapters on one frozen bf16 base that is also the reference (--lora-rank); vLLM's share, 0.35 of the GPU,
-    # holds its bf16 copy of the base (15.2 GB), the adapter's slot and the KV cache, and stays awake beside
-    # the updates (they need 8.1 GB). By models.memory_estimate_gb (tests/test_memory.py::
-    # test_the_7b_preset_fits_80gb): 67.4 GB, the CUDA context, NCCL and vLLM's graph pool included.
+    # adapters on one frozen bf16 base that is also the reference (--lora-rank). vLLM's share holds its bf16
+    # copy of the base (15.2 GB), the adapter's slot, its activations and graphs, and the KV cache; its size
+    # is chosen by memory.vllm_share_gb: at 0.56 of the GPU (44.8 GB), asleep during the updates (level 1: the
+    # base waits in CPU memory), the KV cache holds a step's 128 sequences a rank at full length at once (one
+    # wave; awake beside the updates at 0.35, it held 40: four waves). By memory.memory_estimate_gb
+    # (tests/test_memory.py::test_the_7b_preset_fits_80gb): 75.9 GB, the CUDA context and NCCL included.
     # The learning rates are the paper's x10 (LoRA Without Regret: LoRA's RL lr is about 10x full fine-tuning's).
     # The paper's main run, 592 steps, with the paper preset's cadences.
     "7b": dict(steps=592, save_every=40, eval_every=80, prompts_per_step=256, n_samples=4, max_prompt_len=1024,
                max_response_len=3072,
                policy_lr=5e-6, prm_lr=1e-5, beta=0.05, mini_batches=4, micro_batch_size=1,
                max_tokens_per_micro_batch=0, gradient_checkpointing=True, temperature=1.0, top_p=1.0,
-               filter_mode="refill", vllm_gpu_memory_utilization=0.35, lora_rank=64,
+               filter_mode="refill", vllm_gpu_memory_utilization=0.56, vllm_sleep=True, lora_rank=64,
                lora_alpha=32.0),
 }
 

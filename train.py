@@ -16,7 +16,7 @@ Each iteration (paper Algorithm 1; official code `ray_trainer.py`):
     6. PPO clip update of the policy (Eq. 6)                           (prime.ppo_clip_loss) lines 10-11
     7. log, checkpoint                                                 (runlog.py)
 
-This file holds the loop and its steps; the plumbing: config, ddp, models, microbatch, runlog, eval.
+This file holds the loop and its steps; the plumbing: config, ddp, models, memory, microbatch, runlog, eval.
 
 Simplifications relative to the paper's setup (each one a choice a reader should know about):
     1. Plain DDP on one process per GPU; no FSDP/ZeRO, so a model must fit with its gradients and
@@ -64,7 +64,8 @@ from data import Task, load_tasks
 from ddp import Dist, all_reduce, barrier, close, print0, setup_distributed, unwrap
 from microbatch import (MicroBatch, critic_values, logprobs_no_grad, needs_old_logprobs, plan_update, response_logprobs,
                         run_update, values_no_grad)
-from models import Models, build_models, lora_targets, make_sampler, measured_memory, memory_line
+from memory import measured_memory, memory_line
+from models import Models, build_models, lora_targets, make_sampler
 from rollout import Rollout, concat_rollouts
 from runlog import timed
 
@@ -138,8 +139,7 @@ def refill(args: Args, sampler, train_tasks: list[Task], tokenizer, step: int, d
     this rank's share of --prompts-per-step groups, sample and verify that many fresh prompts more,
     at most --refill-draws times. `sampled` = (tasks, rollout, texts, scores, outcome) of the step so
     far; returns the same for every group sampled, in order, and the number of extra draws."""
-    tasks, rollout, texts, scores, outcome = sampled
-    draws = 0
+    (tasks, rollout, texts, scores, outcome), draws = sampled, 0
     while draws < args.refill_draws and filter_groups(outcome, rollout, args)[1] < args.prompts_per_step // dist.world:
         draws += 1
         with timed(times, "rollout"):

@@ -1,5 +1,5 @@
 """One update of the 7b preset (--lora-rank 64) on random weights of Qwen2.5-Math-7B's shape: the measured
-peak memory against models.memory_estimate_gb, and each pass's tokens a second and MFU.
+peak memory against memory.memory_estimate_gb, and each pass's tokens a second and MFU.
 
     python bench/bench_lora.py --out gpu_out/lora7b.json         # on a GPU (bench/run_gpu_checks.sh)
     python bench/bench_lora.py --shape tiny --out /tmp/lora.json # the same code on CPU, a small shape
@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import config  # noqa: E402
 import ddp  # noqa: E402
+import memory  # noqa: E402
 import microbatch  # noqa: E402
 import models  # noqa: E402
 import train  # noqa: E402
@@ -132,7 +133,7 @@ def main(argv=None) -> dict:
                      "tflops": round(flops[k] / s / 1e12, 2), "mfu": round(flops[k] / s / 1e12 / opts.peak_tflops, 4)}
     save("timed round")
 
-    est = models.memory_estimate_gb(n, args, shape, gpu_gb=80.0, cuda=cuda, world=1)
+    est = memory.memory_estimate_gb(n, args, shape, gpu_gb=80.0, cuda=cuda, world=1)
     state = sum(v for k, v in est.items() if k.startswith(("base", "policy", "prm")))
     update = sum(v for k, v in est.items() if k.startswith("  update:"))
     report["estimate_gb"] = est

@@ -24,7 +24,7 @@ real tokens / computed tokens, where a micro-batch computes rows x its longest p
 (microbatch.forward_sequences); "before" is the layout this replaced: every micro-batch as wide as the
 whole batch's widest prompt plus its widest response. The policy update's TFLOP/s counts 6 FLOPs per
 parameter and computed token (8 with checkpointing); on a GPU its MFU is against the H200's 790 TFLOP/s
-of dense bf16. Peak memory is torch.cuda.max_memory_allocated on a GPU, next to models.memory_estimate_gb's
+of dense bf16. Peak memory is torch.cuda.max_memory_allocated on a GPU, next to memory.memory_estimate_gb's
 state + update for the same settings (no sampling here, no allocator margin), and the process's peak
 resident set (ru_maxrss) on CPU, where it includes the model state.
 """
@@ -100,6 +100,7 @@ def run_one(case: str, mode: str, opts) -> dict:
     import config
     import ddp
     import microbatch
+    import memory
     import models
     import prime
     import train
@@ -159,7 +160,7 @@ def run_one(case: str, mode: str, opts) -> dict:
     result["policy_update_tflops"] = flops / result["seconds"]["policy update"] / 1e12
     if device.type == "cuda":
         result["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
-        est = models.memory_estimate_gb(n_params, args, AutoConfig.from_pretrained(path), world=1)
+        est = memory.memory_estimate_gb(n_params, args, AutoConfig.from_pretrained(path), world=1)
         # what this bench holds: the model state and an update (no sampling here), before the allocator's margin
         result["estimate_gb"] = sum(v for k, v in est.items()
                                     if not k.startswith(("  ", "phase", "allocator", "beyond", "total"))) \

@@ -1,4 +1,4 @@
-"""models.memory_estimate_gb against the live tensor bytes of real updates (tests/live_bytes.py), on CPU:
+"""memory.memory_estimate_gb against the live tensor bytes of real updates (tests/live_bytes.py), on CPU:
 a Qwen2 of small widths run through train.update_policy exactly as train.py builds it (build_models:
 train mode, checkpointing, the fp32 head under bf16), on a batch of rows at the flags' longest prompt
 and response (the micro-batch the estimate sizes), with fixed rows and a token budget, checkpointing
@@ -14,6 +14,7 @@ import torch
 
 import config
 import ddp
+import memory
 import models
 import train
 from rollout import Rollout
@@ -66,8 +67,8 @@ def measured(args, d=None):
                 for t in [p, p.grad, *m.policy_opt.state[p].values()] if t is not None and t.dim())
     with LiveBytes() as tracked:
         train.update_policy(args, m, b, None, adv, None, d)
-    n = models.base_parameters(policy)  # --lora-rank: the base's parameters, not the adapter's
-    est = {k: v * 1e9 for k, v in models.memory_estimate_gb(n, args, policy.config, cuda=False).items()}
+    n = memory.base_parameters(policy)  # --lora-rank: the base's parameters, not the adapter's
+    est = {k: v * 1e9 for k, v in memory.memory_estimate_gb(n, args, policy.config, cuda=False).items()}
     wrapped = isinstance(m.policy, torch.nn.parallel.DistributedDataParallel)
     del m
     return est, state, tracked.peak, n, wrapped
@@ -169,19 +170,23 @@ def test_the_1_5b_preset_fits_80gb_on_each_named_model(name):
     args = dataclasses.replace(config.parse_args(["--preset", "1.5b", "--precision", "bf16"]), rollout="vllm")
     assert args.offload_optimizer and args.vllm_sleep and args.max_prompt_len + args.max_response_len <= \
         shape.max_position_embeddings
-    est = models.memory_estimate_gb(n, args, shape, gpu_gb=80.0, world=8)
+    est = memory.memory_estimate_gb(n, args, shape, gpu_gb=80.0, world=8)
     print(f"{name}: {est['total']:.2f} GB")
     assert est["total"] <= 80.0
     beyond = {k: v for k, v in est.items() if k.startswith("beyond tensors")}
-    assert beyond == {"beyond tensors: CUDA context and library workspaces": models.CUDA_CONTEXT_GB,
-                      "beyond tensors: NCCL buffers (2 groups of 8 ranks)": 2 * models.NCCL_GB_PER_GROUP,
-                      "beyond tensors: vLLM's CUDA-graph pool (kept through sleep)": models.VLLM_GRAPHS_GB}
+    assert beyond == {"beyond tensors: CUDA context and library workspaces": memory.CUDA_CONTEXT_GB,
+                      "beyond tensors: NCCL buffers (2 groups of 8 ranks)": 2 * memory.NCCL_GB_PER_GROUP}
+    # vLLM sleeps through the updates and keeps its CUDA-graph pool there (awake, the pool is in its share)
+    assert est["  update: vLLM's CUDA-graph pool (kept through sleep)"] == pytest.approx(memory.VLLM_GRAPHS_GB)
+    # its share, 0.25 of 80 GB, holds a step's 128 sequences a rank at once, and costs nothing: the update binds
+    share = memory.vllm_share_gb(n, args, shape, 80.0, world=8)
+    assert share["sequences a call"] == 128 and share["sequences at once"] >= 128 and share["waves"] == 1
     # the parts add up: the state, the largest phase with the allocator's 10%, then what is beyond tensors
     state = sum(v for k, v in est.items() if k.startswith(("policy", "prm", "reference")))
     largest = max(v for k, v in est.items() if k.startswith("phase:"))
     assert est["total"] == pytest.approx(1.1 * (state + largest) + sum(beyond.values()))
     assert est["phase: update"] > est["phase: sampling (vLLM's share, evaluation included)"]  # the binding phase
-    kept = models.memory_estimate_gb(n, dataclasses.replace(args, offload_optimizer=False), shape, gpu_gb=80.0, world=8)
+    kept = memory.memory_estimate_gb(n, dataclasses.replace(args, offload_optimizer=False), shape, gpu_gb=80.0, world=8)
     # kept on the GPU: both models' moments in the state (2 x 8 bytes a parameter), none added to an update
     kept_state = sum(v for k, v in kept.items() if k.startswith(("policy", "prm", "reference")))
     assert kept_state - state == pytest.approx(16 * n / 1e9, rel=1e-9)
@@ -199,7 +204,8 @@ def test_the_7b_preset_fits_80gb():
     """`torchrun --nproc_per_node=8 train.py --model Qwen2.5-Math-7B --preset 7b` on 80 GB cards, by the
     estimate check_memory makes on a GPU: one frozen bf16 base, two rank-64 adapters with fp32 AdamW,
     checkpointed activations of one row of 4096 tokens, vLLM's share (asleep during the updates)
-    holding its own copy of the base. Full fine-tuning of the same shape cannot fit."""
+    holding its own copy of the base and a KV cache for a step's sequences at once. Full fine-tuning of
+    the same shape cannot fit."""
     from transformers import AutoModelForCausalLM, Qwen2Config
     shape = Qwen2Config(**QWEN25_MATH_7B)
     with torch.device("meta"):
@@ -209,18 +215,28 @@ def test_the_7b_preset_fits_80gb():
     args = dataclasses.replace(config.parse_args(["--preset", "7b", "--precision", "bf16"]), rollout="vllm")
     assert args.lora_rank == 64 and args.max_prompt_len + args.max_response_len <= shape.max_position_embeddings
     # the adapter's parameters as PEFT makes them on this shape, against lora_parameters' count from the config
-    adapter = models.lora_parameters(shape, 64)
+    adapter = memory.lora_parameters(shape, 64)
     per_layer = sum(p.numel() for k, p in models.with_adapters(skeleton, args).named_parameters()
                     if ".lora_" in k and ".policy." in k and ".layers.0." in k)
     assert adapter == per_layer * shape.num_hidden_layers
-    est = models.memory_estimate_gb(n, args, shape, gpu_gb=80.0, world=8)
+    est = memory.memory_estimate_gb(n, args, shape, gpu_gb=80.0, world=8)
     print("7b preset:", ", ".join(f"{k} {v:.2f}" for k, v in est.items()))
     assert est["total"] <= 80.0
     assert est["base, frozen (bf16): policy, PRM and reference"] == pytest.approx(2 * n / 1e9)
     assert "reference (fp32, frozen)" not in est  # no third copy
-    vllm_share = args.vllm_gpu_memory_utilization * 80.0
-    assert vllm_share > 2 * n / 1e9 + 2 * adapter / 1e9 + 5  # its bf16 base, the adapter's slot, >= 5 GB of KV
-    full = models.memory_estimate_gb(n, dataclasses.replace(args, lora_rank=0), shape, gpu_gb=80.0, world=8)
+    # vLLM sleeps through the updates at level 1 (rollout.VLLMRollout.sleep) and its share was chosen by
+    # vllm_share_gb: the KV cache holds a step's 128 sequences a rank (4 samples of each of 32 prompts), at
+    # full length, at once
+    assert args.vllm_sleep
+    share = memory.vllm_share_gb(n, args, shape, 80.0, world=8)
+    print("7b preset's vLLM share:", memory.vllm_share_line(share, args))
+    assert share["sequences a call"] == 128 and share["waves"] == 1
+    assert share["LoRA slot (rank 64, bf16)"] == pytest.approx(2 * adapter / 1e9)
+    # awake beside the updates, as the preset was before, its share held a third as many: three waves more
+    awake = dataclasses.replace(args, vllm_sleep=False, vllm_gpu_memory_utilization=0.35)
+    assert memory.vllm_share_gb(n, awake, shape, 80.0, world=8)["waves"] == 4
+    assert memory.memory_estimate_gb(n, awake, shape, gpu_gb=80.0, world=8)["total"] <= 80.0
+    full = memory.memory_estimate_gb(n, dataclasses.replace(args, lora_rank=0), shape, gpu_gb=80.0, world=8)
     assert full["policy (weights, grads, AdamW)"] > 120 and full["total"] > 80.0
 
 
@@ -233,7 +249,7 @@ def test_the_1_5b_shapes_fit_with_lora_without_offloading_the_optimizer():
         n = sum(p.numel() for p in AutoModelForCausalLM.from_config(shape).parameters())
     args = dataclasses.replace(config.parse_args(["--preset", "1.5b", "--precision", "bf16", "--lora-rank", "64",
                                                   "--no-offload-optimizer"]), rollout="vllm")
-    est = models.memory_estimate_gb(n, args, shape, gpu_gb=80.0, world=8)
+    est = memory.memory_estimate_gb(n, args, shape, gpu_gb=80.0, world=8)
     print(f"1.5b with LoRA rank 64, moments on the GPU: {est['total']:.2f} GB")
     assert not args.offload_optimizer and est["total"] <= 80.0
 
@@ -251,3 +267,49 @@ def test_offloading_moves_the_moments_and_leaves_the_step_counts():
     for state in opt.state.values():
         assert state["exp_avg"].is_meta and state["exp_avg_sq"].is_meta
         assert not state["step"].is_meta and state["step"].item() == 1
+
+
+def test_vllms_share_term_by_term_and_the_waves_a_call_takes():
+    """memory.vllm_share_gb worked out by hand on a small shape: 3 layers, hidden 64, intermediate 256,
+    4 heads of 16 over 2 KV heads (32 KV values a token a layer), vocabulary 1000."""
+    from transformers import Qwen2Config
+    shape = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=256, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2)
+    args = config.Args(rollout="hf", lora_rank=4, vllm_gpu_memory_utilization=0.5, max_prompt_len=100,
+                       max_response_len=300, n_samples=4, prompts_per_step=64)
+    share = memory.vllm_share_gb(1_000_000, args, shape, gpu_gb=10.0, world=2)
+    assert share["share"] == 5.0
+    assert share["model (bf16)"] == pytest.approx(2e6 / 1e9)
+    # the slot is rank 8 (vLLM's smallest that holds 4): 8 x (q 64+64, k and v 2 x (64+32), o 64+64,
+    # gate and up 2 x (64+256), down 256+64) a layer, 3 layers, 2 bytes each
+    assert share["LoRA slot (rank 8, bf16)"] == pytest.approx(2 * 8 * 1408 * 3 / 1e9)
+    # 16384 tokens x (3 x 256 + 4 x 64) bf16 values, and 1024 rows of fp32 logits twice
+    activations = 16384 * 1024 * 2 + 1024 * 1000 * 4 * 2
+    assert share["profile run's activations"] == pytest.approx(activations / 1e9)
+    kv = 5e9 - 2e6 - 2 * 8 * 1408 * 3 - activations - memory.VLLM_GRAPHS_GB * 1e9
+    assert share["KV cache"] == pytest.approx(kv / 1e9)
+    # a token's KV: 3 layers x (K and V) x 32 values x 2 bytes; a prompt's group: 100 + 4 x 300 tokens
+    group = (100 + 4 * 300) * 3 * 2 * 32 * 2
+    assert share["sequences at once"] == 4 * int(kv // group)
+    assert share["sequences a call"] == 64 // 2 * 4 and share["waves"] == 1
+    # a GPU of 2.2 GB: 1.1 GB of share, about 56 MB of KV cache, 112 groups of 4: 448 sequences, so
+    # a call of 2048 (512 prompts a rank) takes 5 waves
+    small = memory.vllm_share_gb(1_000_000, dataclasses.replace(args, prompts_per_step=1024), shape, 2.2, world=2)
+    kv = 1.1e9 - 2e6 - 2 * 8 * 1408 * 3 - activations - memory.VLLM_GRAPHS_GB * 1e9
+    assert small["sequences at once"] == 4 * int(kv // group) == 448
+    assert small["sequences a call"] == 2048 and small["waves"] == 5
+
+
+def test_a_vllm_share_with_no_room_for_a_sequence_is_refused_naming_the_flag(cache_dir, capsys):
+    """check_memory, for a GPU of --max-memory-gb: a share that its weights, activations and graphs fill
+    leaves no KV cache; the run is refused before any weight loads, naming the flag."""
+    import toy_task
+    from conftest import SFT_STEPS
+    path = str(toy_task.sft_checkpoint(cache_dir, SFT_STEPS))
+    args = dataclasses.replace(config.parse_args(["--max-memory-gb", "4", "--vllm-gpu-memory-utilization", "0.25"]),
+                               rollout="vllm")
+    with pytest.raises(SystemExit, match="--vllm-gpu-memory-utilization 0.25"):
+        memory.check_memory(path, args, ddp.Dist(device=torch.device("cpu")))
+    assert "vLLM's share 1.0 GB" in capsys.readouterr().out
+    memory.check_memory(path, dataclasses.replace(args, vllm_gpu_memory_utilization=0.5), ddp.Dist(device=torch.device("cpu")))
+    assert "1 wave(s) at most" in capsys.readouterr().out

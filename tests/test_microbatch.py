@@ -16,7 +16,7 @@ from transformers import AutoConfig
 import config
 import ddp
 import microbatch
-import models
+import memory
 import prime
 import toy_task
 import train
@@ -382,7 +382,7 @@ def test_train_runs_with_a_token_budget_log_the_same_first_step_losses(cache_dir
 
 
 def test_memory_estimate_arithmetic_by_hand():
-    """models.memory_estimate_gb's terms worked out by hand (tests/test_memory.py checks them against
+    """memory.memory_estimate_gb's terms worked out by hand (tests/test_memory.py checks them against
     the bytes real updates hold)."""
     from transformers import Qwen2Config
     shape = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=256, num_hidden_layers=3,
@@ -390,7 +390,7 @@ def test_memory_estimate_arithmetic_by_hand():
     n = 2_000_000
     args = config.Args(max_tokens_per_micro_batch=0, micro_batch_size=4, max_prompt_len=100, max_response_len=300,
                        precision="fp32", rollout="hf", prompts_per_step=8, eval_problems=8, eval_samples=4)
-    est = models.memory_estimate_gb(n, args, shape)
+    est = memory.memory_estimate_gb(n, args, shape)
     # state: policy and PRM 16 bytes a parameter, the fp32 reference 4
     assert est["policy (weights, grads, AdamW)"] == est["prm (weights, grads, AdamW)"] == pytest.approx(0.032)
     assert est["reference (fp32, frozen)"] == pytest.approx(0.008)
@@ -410,9 +410,9 @@ def test_memory_estimate_arithmetic_by_hand():
     update = (3 * layer + once + logits + head) / 1e9
     assert est["phase: update"] == pytest.approx(update)
     # on a GPU (cuda=True, the default) one rank without NCCL or vLLM holds its CUDA context beside the tensors
-    assert est["beyond tensors: CUDA context and library workspaces"] == models.CUDA_CONTEXT_GB
-    assert est["total"] == pytest.approx(1.1 * (0.072 + update) + models.CUDA_CONTEXT_GB)
-    assert models.memory_estimate_gb(n, args, shape, cuda=False)["total"] == pytest.approx(
+    assert est["beyond tensors: CUDA context and library workspaces"] == memory.CUDA_CONTEXT_GB
+    assert est["total"] == pytest.approx(1.1 * (0.072 + update) + memory.CUDA_CONTEXT_GB)
+    assert memory.memory_estimate_gb(n, args, shape, cuda=False)["total"] == pytest.approx(
         1.1 * (0.072 + max(update, 2 * 0.008)))  # CPU: foreach AdamW's temporaries, nothing beyond tensors
     # a token budget of 1000 with checkpointing in bf16, the reference the old policy: each layer keeps
     # its input (64 fp32), the peak is the larger of the logits and one recomputed layer; bf16 weight
@@ -420,7 +420,7 @@ def test_memory_estimate_arithmetic_by_hand():
     args = config.Args(max_tokens_per_micro_batch=1000, gradient_checkpointing=True, reference="policy",
                        precision="bf16", max_prompt_len=100, max_response_len=300, rollout="vllm",
                        vllm_gpu_memory_utilization=0.5)
-    est = models.memory_estimate_gb(n, args, shape, gpu_gb=0.2)
+    est = memory.memory_estimate_gb(n, args, shape, gpu_gb=0.2)
     assert "reference (fp32, frozen)" not in est
     once = 1000 * 64 * 4 * 2 + 1000 * 64 * 4 + 1000 * 400 + 64 * 1000
     assert est["  update: activations (each layer's input)"] == pytest.approx((3 * 1000 * 64 * 4 + once) / 1e9)
@@ -431,24 +431,29 @@ def test_memory_estimate_arithmetic_by_hand():
     # vLLM's share (0.5 of 0.2 GB) beside the update, which it does not sleep through
     assert est["phase: update beside vLLM's share"] == pytest.approx(
         (3 * 1000 * 64 * 4 + once + max(logits, layer) + 2 * (n - 64000) + head) / 1e9 + 0.1)
-    assert est["beyond tensors: vLLM's CUDA-graph pool (kept through sleep)"] == models.VLLM_GRAPHS_GB
+    # awake, vLLM's CUDA-graph pool is inside its share (vLLM 0.32 sizes its KV cache after it); asleep, the
+    # share leaves the update and the pool stays beside it
+    assert not any("graph" in k for k in est)
+    asleep = memory.memory_estimate_gb(n, dataclasses.replace(args, vllm_sleep=True), shape, gpu_gb=0.2)
+    assert asleep["  update: vLLM's CUDA-graph pool (kept through sleep)"] == pytest.approx(memory.VLLM_GRAPHS_GB)
+    assert asleep["phase: update"] == pytest.approx(est["phase: update beside vLLM's share"] - 0.1 + memory.VLLM_GRAPHS_GB)
     # 8 ranks: NCCL's buffers for DDP's group and vLLM's; --offload-optimizer: 8 bytes a parameter leave the
     # state, and the updating model's moments join its update
-    off = models.memory_estimate_gb(n, dataclasses.replace(args, offload_optimizer=True), shape, gpu_gb=0.2, world=8)
-    assert off["beyond tensors: NCCL buffers (2 groups of 8 ranks)"] == 2 * models.NCCL_GB_PER_GROUP
+    off = memory.memory_estimate_gb(n, dataclasses.replace(args, offload_optimizer=True), shape, gpu_gb=0.2, world=8)
+    assert off["beyond tensors: NCCL buffers (2 groups of 8 ranks)"] == 2 * memory.NCCL_GB_PER_GROUP
     assert off["policy (weights, grads; AdamW on the CPU)"] == off["prm (weights, grads; AdamW on the CPU)"] == \
         pytest.approx(0.016)
     assert off["  update: its AdamW moments, back on the GPU"] == pytest.approx(0.016)
 
 
 def test_the_first_steps_memory_line_puts_the_estimate_beside_the_measured_peak(cache_dir):
-    """(train.py prints it on a GPU with models.measured_memory's figures; the arithmetic is the same here.)"""
+    """(train.py prints it on a GPU with memory.measured_memory's figures; the arithmetic is the same here.)"""
     from transformers import AutoModelForCausalLM
     policy = AutoModelForCausalLM.from_pretrained(toy_task.sft_checkpoint(cache_dir, SFT_STEPS))
     args = config.Args(rollout="hf")
-    est = models.memory_estimate_gb(sum(p.numel() for p in policy.parameters()), args, policy.config, 80.0)["total"]
+    est = memory.memory_estimate_gb(sum(p.numel() for p in policy.parameters()), args, policy.config, 80.0)["total"]
     measured = {"allocated": 1.234, "reserved": 1.5, "device": 2.75, "device_total": 80.0}
-    assert models.memory_line(policy, args, measured) == (
+    assert memory.memory_line(policy, args, measured) == (
         f"memory per GPU after the first step: estimated {est:.2f} GB (1.00 of it beyond tensors, the allocator's "
         "margin included); the allocator's peaks 1.23 GB allocated, 1.50 GB reserved; the device in use now 2.75 "
         "of 80.00 GB (torch.cuda.mem_get_info)")
