@@ -190,6 +190,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--cache-dir", default=str(REPO / ".cache"), help="the embedded SFT checkpoint cache")
     parser.add_argument("--work", default=str(REPO / ".cache" / "bench_microbatch"), help="where random models go")
+    parser.add_argument("--out", default=None, help="also write the results' JSON here")
     parser.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     import torch
@@ -208,7 +209,7 @@ def main():
     cases = opts.case or (["qwen1.5b"] if gpu else ["toy", "qwen0.5b"])
     forward, skip = [], False  # the flags for the children, without --case and --budget
     for a in sys.argv[1:]:
-        skip = a in ("--case", "--budget") or (skip and not a.startswith("--"))
+        skip = a in ("--case", "--budget", "--out") or (skip and not a.startswith("--"))
         if not skip:
             forward.append(a)
     budgets = {"toy": [4096, 2048], "qwen0.5b": [2800, 1400], "qwen1.5b": [16384, 8192]}
@@ -233,6 +234,8 @@ def main():
                   ", ".join(f"{k} {v:.2f}s" for k, v in r["seconds"].items()) +
                   f"; policy update {r['policy_update_tflops']:.2f} TFLOP/s{mfu}; {memory}", flush=True)
     print(json.dumps(results, indent=1))
+    if opts.out:
+        Path(opts.out).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ A Qwen2.5-1.5B-shaped model with random weights (so no response ends before --ma
 prompts of about 1000 tokens (the preset's 1024 at most), and one rank's share of the preset's batch
 (--prompts 32 = 256 prompts / 8 GPUs). The GPU is capped at --gpu-gb (torch.cuda.set_per_process_memory_fraction).
 vLLM does not run here (it does not travel to the benchmark machine): the rollouts are HF generate's,
-whose KV cache for the step's 128 sequences (15 GB in bf16) stands in for vLLM's share (0.2 x 80 = 16 GB)
-while sampling; the preset puts vLLM to sleep during the updates, so nothing is held aside then.
+whose KV cache for the step's 128 sequences (15 GB in bf16) stands in for vLLM's share (the preset's 0.25
+x 80 = 20 GB) while sampling; the preset puts vLLM to sleep during the updates, so nothing is held aside then.
 --hold-vllm-share holds a tensor the size of that share aside for the whole run instead (the preset
 without --vllm-sleep, plus HF's cache: more than the preset needs). It prints train.py's own estimate
 and what the first step used (train.py prints the allocator's peaks and the device's own use), and exits
@@ -37,7 +37,7 @@ def main():
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=32, help="prompts a step (one rank's share of 256 on 8)")
     parser.add_argument("--out", default=None, help="a folder for the run (default: a temporary one)")
-    parser.add_argument("--hold-vllm-share", action="store_true", help="hold 0.2 of the GPU aside all run")
+    parser.add_argument("--hold-vllm-share", action="store_true", help="hold the preset's vLLM share of the GPU aside all run")
     parser.add_argument("--untied", action="store_true",
                         help="an output layer of its own, as DeepSeek-R1-Distill-Qwen-1.5B (1.78B parameters)")
     opts = parser.parse_args()
@@ -45,6 +45,7 @@ def main():
         sys.exit("bench_preset.py needs a CUDA GPU")
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    import config as config_module
     import toy_task
     import train
 
@@ -60,7 +61,8 @@ def main():
 
     total = torch.cuda.get_device_properties(0).total_memory / 1e9
     torch.cuda.set_per_process_memory_fraction(min(1.0, opts.gpu_gb / total))
-    aside = int(0.2 * opts.gpu_gb * 1e9) if opts.hold_vllm_share else 0
+    share = config_module.PRESETS["1.5b"]["vllm_gpu_memory_utilization"]
+    aside = int(share * opts.gpu_gb * 1e9) if opts.hold_vllm_share else 0
     vllm_share = torch.empty(aside, dtype=torch.uint8, device="cuda")  # noqa: F841 (held, never read)
     print(f"emulating a {opts.gpu_gb:.0f} GB GPU on {total:.0f} GB; held aside for vLLM: {aside / 1e9:.0f} GB",
           flush=True)

@@ -23,8 +23,14 @@ from conftest import SFT_STEPS
 from rollout import Rollout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_precision import batch_of  # noqa: E402
+from test_precision import DEVICES, batch_of  # noqa: E402
 from test_train import kill_and_resume, metrics_of, train_here  # noqa: E402
+
+
+def on_device(batch, d):
+    """batch_of's batch with its outcome and mask on the run's device (the rollout moves per micro-batch)."""
+    batch.outcome, batch.mask = batch.outcome.to(d.device), batch.mask.to(d.device)
+    return batch
 
 
 def lora_args(cache_dir, *flags):
@@ -66,29 +72,35 @@ def test_one_base_holds_policy_prm_and_reference_with_only_the_adapters_trainabl
         [id(p) for p in models.policy.parameters()]  # each optimizer holds its own adapter alone
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_step_one_reward_is_exactly_zero_through_ddp_with_gradient_checkpointing(precision, temperature, cache_dir):
+def test_step_one_reward_is_exactly_zero_through_ddp_with_gradient_checkpointing(precision, temperature, device,
+                                                                                 cache_dir):
     """At step 1 both adapters are B = 0, so pi_phi = pi_ref bit for bit on the first mini-batch: the PRM's
     forward (with its graph, through DDP, recomputed in the backward) and the reference's (the base with
     the adapters off) agree exactly, in fp32 and in bf16 (the base then held in bf16), at the sampling
-    temperature 1 and 0.7 (the reference pass is at 1, as the PRM's). The second mini-batch follows the
-    PRM's first update, so its rewards move: the check is not vacuous."""
+    temperature 1 and 0.7 (the reference pass is at 1, as the PRM's); on CPU, and on a GPU in CUDA's own
+    kernels over NCCL (bench/run_gpu_checks.sh). The second mini-batch follows the PRM's first update, so
+    its rewards move: the check is not vacuous."""
     import torch.distributed as dist
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", port, 1, True), rank=0, world_size=1)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", store=dist.TCPStore("127.0.0.1", port, 1, True),
+                            rank=0, world_size=1)
     try:
         args = lora_args(cache_dir, "--precision", precision, "--mini-batches", "2", "--gradient-checkpointing",
                          "--max-tokens-per-micro-batch", "160", "--temperature", str(temperature))
-        d = ddp.Dist(device=torch.device("cpu"))
+        d = ddp.Dist(device=torch.device(device))
         models = models_module.build_models(args, d)
         assert isinstance(models.prm, torch.nn.parallel.DistributedDataParallel)
         base_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
-        assert all(t.dtype == base_dtype for t in base_of(models) if t.is_floating_point() and t.dim() == 2)
+        assert all(t.dtype == base_dtype and t.device.type == device
+                   for t in base_of(models) if t.is_floating_point() and t.dim() == 2)
         assert all(p.dtype == torch.float32 for p in models.prm.parameters())  # fp32 adapters
-        b = train.with_plans(batch_of(models), args, d)
+        b = on_device(batch_of(models), d)
+        b = train.with_plans(b, args, d)
         logp_old = microbatch.logprobs_no_grad(ddp.unwrap(models.policy), b.rollout, args, args.temperature, b.plan)
         logp_ref = train.reference_logprobs(args, models, b, logp_old)
         reward, _ = train.implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d)
@@ -103,21 +115,25 @@ def test_step_one_reward_is_exactly_zero_through_ddp_with_gradient_checkpointing
         dist.destroy_process_group()
 
 
-def test_each_update_moves_its_own_adapter_and_leaves_the_other_and_the_base_bit_identical(cache_dir):
-    args = lora_args(cache_dir, "--policy-lr", "1e-2", "--prm-lr", "1e-2")
-    d = ddp.Dist()
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_update_moves_its_own_adapter_and_leaves_the_other_and_the_base_bit_identical(device, cache_dir):
+    """On CPU in fp32; on a GPU (bench/run_gpu_checks.sh) in CUDA bf16, the base then held in bf16."""
+    args = lora_args(cache_dir, "--policy-lr", "1e-2", "--prm-lr", "1e-2", "--precision",
+                     "bf16" if device == "cuda" else "fp32")
+    d = ddp.Dist(device=torch.device(device))
     models = models_module.build_models(args, d)
-    b = train.with_plans(batch_of(models), args, d)
+    b = train.with_plans(on_device(batch_of(models), d), args, d)
     base, policy, prm = digest(base_of(models)), digest(adapter_of(models.policy)), digest(adapter_of(models.prm))
-    adv = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(1)) * b.mask
+    adv = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(1)).to(d.device) * b.mask
     train.update_policy(args, models, b, None, adv, None, d)
     assert digest(adapter_of(models.policy)) != policy
     assert digest(adapter_of(models.prm)) == prm and digest(base_of(models)) == base
     policy = digest(adapter_of(models.policy))
     logp_ref = microbatch.logprobs_no_grad(models.reference, b.rollout, args, plan=b.prm_plan)
-    from transformers import AutoModelForCausalLM
-    sft = AutoModelForCausalLM.from_pretrained(models.path, dtype=torch.float32)
-    assert torch.equal(logp_ref, microbatch.logprobs_no_grad(sft, b.rollout, args, plan=b.prm_plan))  # the SFT model
+    if device == "cpu":  # the reference is the SFT model, to the bit (fp32)
+        from transformers import AutoModelForCausalLM
+        sft = AutoModelForCausalLM.from_pretrained(models.path, dtype=torch.float32)
+        assert torch.equal(logp_ref, microbatch.logprobs_no_grad(sft, b.rollout, args, plan=b.prm_plan))
     train.implicit_prm_step(models.prm, models.prm_opt, b, logp_ref, args, d)
     assert digest(adapter_of(models.prm)) != prm
     assert digest(adapter_of(models.policy)) == policy and digest(base_of(models)) == base
@@ -281,6 +297,33 @@ def test_the_prm_adapter_learns_to_tell_right_from_wrong(cache_dir):
     score = (reward * b.mask).sum(1)  # Eq. 3's sequence score, up to beta
     assert losses[-1] < losses[0]
     assert score[b.outcome == 1].mean() > score[b.outcome == 0].mean()
+
+
+def test_the_gpu_check_script_leaves_two_files_and_a_json_of_every_check(tmp_path, cache_dir):
+    """bench/run_gpu_checks.sh on CPU: with no budget every check is skipped and listed; with the toy loop
+    alone (2 steps), its step-time split reaches the JSON. Either way $OUT holds the log and the JSON
+    and nothing else (the checks' own files stay in a work folder that goes with the script)."""
+    import json
+    import subprocess
+    repo = Path(__file__).resolve().parents[1]
+
+    def run(out, **env):
+        proc = subprocess.run(["bash", str(repo / "bench" / "run_gpu_checks.sh")], capture_output=True, text=True,
+                              timeout=600, env={**__import__("os").environ, "OUT": str(out),
+                                                "PRIME_TEST_CACHE": str(cache_dir), **env})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert sorted(p.name for p in out.iterdir()) == ["checks.log", "gpu_checks.json"]
+        return json.loads((out / "gpu_checks.json").read_text()), (out / "checks.log").read_text()
+
+    report, log = run(tmp_path / "none", BUDGET_S="0")
+    assert list(report["checks"]) == ["lora7b", "tests", "preset", "microbatch", "toy"]
+    assert all(c["exit"] == "skipped" for c in report["checks"].values()) and "== toy: skipped" in log
+    report, log = run(tmp_path / "toy", CHECKS="toy", TOY_STEPS="2", BUDGET_S="400")
+    toy = report["checks"]["toy"]
+    assert list(report["checks"]) == ["toy"] and toy["exit"] == 0, log[-3000:]
+    assert toy["summary"]["steps"] == 2 and set(toy["summary"]["step_seconds"]) >= {"rollout", "prm", "policy"}
+    assert toy["memory"] is None  # a CPU run prints no GPU memory line
+    assert "== toy (at most" in log and "== toy: exit 0" in log and report["device"]
 
 
 def test_the_gpu_check_of_a_7b_lora_update_runs_its_code_on_a_small_shape(tmp_path):
