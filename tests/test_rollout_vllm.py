@@ -36,6 +36,7 @@ LOGPROB_TOL = 1e-4
 # tokens down to about -20 here). Measured: up to 1.0e-4 at the start, 3e-5 to 5e-5 after LoRA pushes; a
 # prefix cache left stale gives 2.0, a stale adapter 8 to 20. 1e-3 sits an order of magnitude from each.
 LONG_LOGPROB_TOL = 1e-3
+ADAPTER_NOISE = 0.05  # eval.py's LoRA test: an adapter this far from B = 0 changes most greedy answers
 # train.py runs in a subprocess with the environment pytest started with: importing and building
 # vLLM in this process rewrites some variables (LD_PRELOAD, LD_LIBRARY_PATH) meant for its workers.
 START_ENV = dict(os.environ)
@@ -375,9 +376,9 @@ def test_sleep_mode_is_refused_on_cpu_naming_the_flag():
         VLLMRollout("unused", toy_task.build_tokenizer(), 8, max_model_len=64, seed=0, sleep=True)
 
 
-def run_eval(sft_path, out, *flags):
-    """eval.py in a subprocess (a vLLM engine of its own, a clean environment) -> its JSON report."""
-    cmd = [sys.executable, str(REPO / "eval.py"), "--model", str(sft_path), "--benchmarks", "toy", "--limit", "24",
+def run_eval(model, out, *flags):
+    """eval.py on `model` in a subprocess (a vLLM engine of its own, a clean environment) -> its JSON report."""
+    cmd = [sys.executable, str(REPO / "eval.py"), "--model", str(model), "--benchmarks", "toy", "--limit", "24",
            "--out", str(out), *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=START_ENV)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -399,3 +400,28 @@ def test_eval_on_vllm_greedy_equals_hf_and_samples_pass_at_k(vllm, sft_path, tmp
     assert sampled["settings"]["seed"] == 3 and sampled["settings"]["temperature"] == 1.0
     distinct = {tuple(p["answers"]) for p in toy["per_problem"] if len(set(p["answers"])) > 1}
     assert distinct, "T = 1 samples of 24 problems should not all agree"
+
+
+def test_eval_on_vllm_samples_a_lora_adapter_not_its_base(vllm, sft_path, tokenizer, tmp_path):
+    """eval.py --model FOLDER of a LoRA adapter (what train.py --lora-rank writes to final/): the engine
+    loads the base and must sample with the adapter. The adapter here answers differently from the base
+    by construction (every A and B moved by noise of ADAPTER_NOISE), so vLLM's greedy answers are those
+    of HF with the adapter (PEFT, unmerged), and not the base's."""
+    from transformers import AutoModelForCausalLM
+
+    import models
+    adapter = models.Adapter(models.with_adapters(AutoModelForCausalLM.from_pretrained(sft_path, dtype=torch.float32),
+                                                  config.Args(lora_rank=8, process="none")), "policy")
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.add_(ADAPTER_NOISE * torch.randn(p.shape, generator=generator))
+    toy_task.save_pretrained_atomic(adapter, tokenizer, tmp_path / "final")  # as train.py writes final/
+    answers = {name: [p["answers"] for p in run_eval(model, tmp_path / f"{name}.json", "--greedy",
+                                                     *flags)["benchmarks"]["toy"]["per_problem"]]
+               for name, model, flags in [("base", sft_path, ()), ("hf", tmp_path / "final", ()),
+                                          ("vllm", tmp_path / "final", ("--rollout", "vllm"))]}
+    differ = sum(a != b for a, b in zip(answers["hf"], answers["base"]))
+    print(f"the adapter's greedy answers differ from the base's on {differ} of 24 problems")
+    assert differ >= 12, "the adapter should answer differently from its base: the check would be vacuous"
+    assert answers["vllm"] == answers["hf"]
