@@ -250,7 +250,8 @@ class VLLMRollout:
     step's sampling is done (refills included), and the engine frees its GPU memory (weights and KV
     cache, `sleep(level=2)`) so the PRM and policy updates can use it; `push_weights` wakes it up,
     loads the new weights and re-allocates the KV cache, ready for the held-out evaluation and the
-    next step. Without sleep mode `sleep()` does nothing.
+    next step. With LoRA the push brings only the adapter, so the base must survive the sleep: level 1
+    keeps it in CPU memory. Without sleep mode `sleep()` does nothing.
 
     `logprobs=True` (train.py): every sampled response comes with the sampler's log-prob of each of
     its tokens (`Rollout.sampler_logprobs`), for the rollout correction (prime.rollout_is_weights).

@@ -327,27 +327,34 @@ def test_torchrun_two_ranks_with_lora_adapters_pushed_into_each_engine(vllm, sft
     assert answers[0] == answers[1]
 
 
-def test_the_engine_sleeps_through_the_updates_and_is_awake_to_sample_refill_and_evaluate(vllm, sft_path, tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_engine_sleeps_through_the_updates_and_is_awake_to_sample_refill_and_evaluate(vllm, sft_path, tmp_path,
+                                                                                           lora):
     """--vllm-sleep's order of calls in train.py, on the real engine with a recording stand-in for the
     engine's sleep/wake calls only (vLLM refuses sleep mode on CPU; tests/vllm_sleep_probe.py): every
     sample is drawn awake (the PRM warm-up's, each step's and its refills', the held-out evaluation's),
     the engine sleeps once per step after its last sample and before the updates, and the weight push
-    after the update wakes it (weights, then KV cache) before anything samples again."""
+    after the update wakes it before anything samples again. Fully fine-tuned, it sleeps at level 2
+    (weights and KV cache dropped: the push reloads every weight) and wakes the weights, then the KV
+    cache. With --lora-rank it sleeps at level 1 (the base kept in CPU memory: no push brings the base
+    back, so a level-2 sleep would wake to sample from discarded weights) and wakes whole."""
     cmd = [sys.executable, str(REPO / "tests" / "vllm_sleep_probe.py"), "--rollout", "vllm", "--cache-dir",
            str(sft_path.parent), "--sft-steps", str(SFT_STEPS), "--out-dir", str(tmp_path), "--run-name", "s",
            "--steps", "2", "--eval-every", "1", "--eval-problems", "8", "--prompts-per-step", "8",
            "--filter-mode", "refill", "--refill-draws", "2", "--filter-low", "0.3", "--filter-high", "0.7",
-           "--prm-warmup-steps", "1"]
+           "--prm-warmup-steps", "1", *(["--lora-rank", "8"] if lora else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=START_ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
     calls = json.loads(proc.stdout.strip().splitlines()[-1])
-    code = {"generate": "g", "generate(asleep)": "!", "sleep(2)": "S", "push_weights": "P", "wake_up(weights)": "W",
-            "wake_up(kv_cache)": "K", "evaluate": "[", "evaluated": "]"}
-    order = "".join(code[c] for c in calls)
+    code = {"generate": "g", "generate(asleep)": "!", "sleep(2)": "S", "sleep(1)": "s", "push_weights": "P",
+            "wake_up(weights)": "W", "wake_up(kv_cache)": "K", "wake_up(all)": "A", "evaluate": "[", "evaluated": "]"}
+    order = "".join(code.get(c, "?") for c in calls)
+    nap = "sPA" if lora else "SPWK"  # sleep, push, wake
     # start evaluation; PRM warm-up; step 1 (its refills) and its evaluation; step 2; the final evaluation
-    assert re.fullmatch(r"\[gg\]gSPWK(g+)SPWK\[gg\](g+)SPWK\[gg\]", order), order
+    pattern = rf"\[gg\]g{nap}(g+){nap}\[gg\](g+){nap}\[gg\]"
+    assert re.fullmatch(pattern, order), (order, calls)
     metrics = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
-    samples = re.fullmatch(r"\[gg\]gSPWK(g+)SPWK\[gg\](g+)SPWK\[gg\]", order).groups()
+    samples = re.fullmatch(pattern, order).groups()
     assert [len(g) for g in samples] == [1 + m["refill_draws"] for m in metrics]  # refills sample awake too
     assert sum(m["refill_draws"] for m in metrics) > 0, "no step refilled: the test would not cover it"
 

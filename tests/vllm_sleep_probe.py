@@ -25,7 +25,7 @@ def recording_sampler(args, models, d):
     sampler = make_sampler(args, models, d)  # a real engine, built without sleep mode (CPU)
     sampler.sleep_mode = True  # as with --vllm-sleep on a GPU: the loop's sleep() now reaches the engine
     sampler.llm.sleep = lambda level=1: calls.append(f"sleep({level})")
-    sampler.llm.wake_up = lambda tags=None: calls.append(f"wake_up({','.join(tags)})")
+    sampler.llm.wake_up = lambda tags=None: calls.append(f"wake_up({','.join(tags) if tags else 'all'})")
     generate, push = sampler.generate, sampler.push_weights
 
     def recorded_generate(*a, **k):
