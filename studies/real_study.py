@@ -548,7 +548,41 @@ def lora_table(task: str, study: dict, factor: int) -> str:
                          f"held-out sampled {again['curves']['heldout_sampled'][-1]:.3f}, greedy "
                          f"{again['curves']['heldout_greedy'][-1]:.3f} (recorded: {first['curves']['heldout_sampled'][-1]:.3f}, "
                          f"{first['curves']['heldout_greedy'][-1]:.3f}, on {first['summary'].get('machine', 'unrecorded')})")
+    if lora["rloo"] and lora["prime"]:  # within LoRA; and whether LoRA costs one arm more than the other
+        within = end_verdicts(lora["prime"], lora["rloo"])["end sampled"]
+        notes.append(f"with LoRA, PRIME - outcome-only, held-out sampled, paired: {within['text']}, 95% interval "
+                     f"{within['interval']}")
+        cost = {arm: verdict[arm]["end sampled"] for arm in ("rloo", "prime")}
+        gap = {arm: dict(zip(c["seeds"], c["diffs"])) for arm, c in cost.items()}
+        text, interval = paired_cells(paired(gap["prime"], gap["rloo"]), any(c["collapsed"] for c in cost.values()))
+        notes.append(f"LoRA - full for PRIME minus LoRA - full for outcome-only (the interaction), paired: {text}, "
+                     f"95% interval {interval}")
     return "\n".join(lines + ["\n" + note for note in notes])
+
+
+def lora_time_parts(task: str, study: dict, factor: int) -> str:
+    """Seconds a step by part, LoRA at `factor` against full fine-tuning, on the machine that ran full FT's
+    reruns (the lora-timing runs, seed 1 of each arm) beside the LoRA seeds: each run's mean over its steps
+    (its summary's step_seconds), then mean [min, max] over an arm's runs on that machine."""
+    lora = lora_seeds(task, study, factor)
+    timing = {s["arm"]: study["runs"][name] for name, s in grid_runs(task, "lora-timing", study) or []
+              if name in study["runs"]}
+    machines = {r["summary"].get("machine") for r in timing.values()}
+    if len(machines) != 1:
+        return "(full fine-tuning's reruns are not recorded on one machine)"
+    machine = machines.pop()
+    columns = [(f"{LABELS[arm]}, {kind}", runs) for arm in ("rloo", "prime")
+               for kind, runs in (("LoRA", [r for r in lora[arm].values() if r["summary"].get("machine") == machine]),
+                                  ("full FT", [timing[arm]] if arm in timing else []))]
+    lines = [f"| part of a step (s, a run's mean; {machine}) | " + " | ".join(f"{name} ({len(runs)})" for name, runs in columns)
+             + " |", "| --- |" + " --- |" * len(columns)]
+    for part in ("rollout", "prm", "policy"):
+        cells = []
+        for _, runs in columns:
+            values = [r["summary"]["step_seconds"][part] for r in runs]
+            cells.append(f"{np.mean(values):.1f} [{min(values):.1f}, {max(values):.1f}]" if values else "n/a")
+        lines.append(f"| {part} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def plot_task(task: str, study: dict, figures: Path) -> Path | None:
@@ -607,7 +641,7 @@ def report(tasks: list[str], figures: Path) -> None:
             for k in lora_seed_factors(task, study):
                 which = "the chosen lr" if k == chosen else "an earlier choice"
                 print(f"\n## 5. LoRA at x{k} ({which}) against full fine-tuning, five seeds an arm, held-out questions\n\n"
-                      f"{lora_table(task, study, k)}")
+                      f"{lora_table(task, study, k)}\n\n{lora_time_parts(task, study, k)}")
         path = plot_task(task, study, figures)
         if path:
             print(f"\n{path}")

@@ -588,3 +588,20 @@ def test_every_row_of_the_claims_table_is_what_the_printers_print():
     assert checked == len(rows) >= 45
     # each comparison once: no pair stands in two rows
     assert len({tuple(r[:4]) for r in rows}) == len(rows)
+
+
+def test_reproductions_lora_tables_and_their_seconds_are_what_real_study_prints():
+    """REPRODUCTION.md 3.2 quotes real_study's LoRA tables at the chosen factor verbatim, seconds a step and
+    by part included, and its appendix those of every other factor with seeds: every figure there is
+    recomputed from study.json (a rerun recorded there, or a changed printer, fails here)."""
+    study = json.loads((REPO / "docs" / "figures" / "real" / "study.json").read_text())
+    page = (REPO / "docs" / "REPRODUCTION.md").read_text()
+    appendix = (REPO / "docs" / "REPRODUCTION-runs.md").read_text()
+    chosen = real_study.lora_factor("sums2", study)
+    factors = real_study.lora_seed_factors("sums2", study)
+    assert chosen in factors and len(factors) >= 2
+    for k in factors:
+        where = page if k == chosen else appendix
+        for table in (real_study.lora_table("sums2", study, k), real_study.lora_time_parts("sums2", study, k)):
+            for line in filter(None, table.splitlines()):
+                assert line in where, (k, line)
