@@ -82,7 +82,7 @@ check tests 200 env PRIME_TEST_CACHE="$CACHE" python3 -m pytest -q -s -p no:cach
 check preset 150 python3 bench/bench_preset.py --gpu-gb 80 --steps 2 --untied --out "$WORK/preset"
 check microbatch 100 python3 bench/bench_microbatch.py --case qwen1.5b --gradient-checkpointing --precision bf16 \
     --micro-batch-size 1 --budget 8192 --rows 8 --out "$WORK/microbatch.json"
-check toy 60 python3 train.py --steps "$TOY_STEPS" --rollout hf --cache-dir "$CACHE" --out-dir "$WORK/runs" \
+check toy 120 python3 train.py --steps "$TOY_STEPS" --rollout hf --cache-dir "$CACHE" --out-dir "$WORK/runs" \
     --run-name gpu-toy
 echo "all checks: $((SECONDS - START))s of ${BUDGET_S}s" >> "$LOG"
 report

@@ -301,7 +301,7 @@ def test_the_prm_adapter_learns_to_tell_right_from_wrong(cache_dir):
 
 def test_the_gpu_check_script_leaves_two_files_and_a_json_of_every_check(tmp_path, cache_dir):
     """bench/run_gpu_checks.sh on CPU: with no budget every check is skipped and listed; with the toy loop
-    alone (2 steps), its step-time split reaches the JSON. Either way $OUT holds the log and the JSON
+    alone (1 step), its step-time split reaches the JSON. Either way $OUT holds the log and the JSON
     and nothing else (the checks' own files stay in a work folder that goes with the script)."""
     import json
     import subprocess
@@ -318,10 +318,10 @@ def test_the_gpu_check_script_leaves_two_files_and_a_json_of_every_check(tmp_pat
     report, log = run(tmp_path / "none", BUDGET_S="0")
     assert list(report["checks"]) == ["lora7b", "tests", "preset", "microbatch", "toy"]
     assert all(c["exit"] == "skipped" for c in report["checks"].values()) and "== toy: skipped" in log
-    report, log = run(tmp_path / "toy", CHECKS="toy", TOY_STEPS="2", BUDGET_S="400")
+    report, log = run(tmp_path / "toy", CHECKS="toy", TOY_STEPS="1", BUDGET_S="400")
     toy = report["checks"]["toy"]
     assert list(report["checks"]) == ["toy"] and toy["exit"] == 0, log[-3000:]
-    assert toy["summary"]["steps"] == 2 and set(toy["summary"]["step_seconds"]) >= {"rollout", "prm", "policy"}
+    assert toy["summary"]["steps"] == 1 and set(toy["summary"]["step_seconds"]) >= {"rollout", "prm", "policy"}
     assert toy["memory"] is None  # a CPU run prints no GPU memory line
     assert "== toy (at most" in log and "== toy: exit 0" in log and report["device"]
 
