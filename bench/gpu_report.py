@@ -14,6 +14,7 @@ import json
 import re
 import sys
 import xml.etree.ElementTree as ElementTree
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -53,10 +54,8 @@ def test_outcomes(xml: Path) -> dict | None:
         problem = next((child for child in case if child.tag in ("failure", "error", "skipped")), None)
         message = (problem.get("message") or "").splitlines()[0][:300] if problem is not None and problem.get("message") else ""
         outcomes[name] = "passed" if problem is None else f"{problem.tag}: {message}".rstrip(": ")
-    counts = {}
-    for outcome in outcomes.values():
-        counts[outcome.split(":")[0]] = counts.get(outcome.split(":")[0], 0) + 1
-    return {"counts": counts, "tests": outcomes}
+    counts = Counter(outcome.split(":")[0] for outcome in outcomes.values())
+    return {"counts": dict(counts), "tests": outcomes}
 
 
 FIGURES = {
